@@ -1,0 +1,37 @@
+"""One place where user seeds become numpy Generators."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+
+RandomState = Union[None, int, np.integer, np.random.SeedSequence, np.random.Generator]
+
+
+def as_generator(random_state: RandomState) -> np.random.Generator:
+    """Return a ``numpy.random.Generator`` for ``random_state``.
+
+    Parameters
+    ----------
+    random_state : None, int, SeedSequence or Generator
+        ``None`` gives fresh OS entropy; an int or ``SeedSequence`` seeds a new
+        generator; a ``Generator`` is returned unchanged (so callers share its stream).
+
+    Returns
+    -------
+    numpy.random.Generator
+    """
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        raise TypeError(
+            "pmkjit takes a numpy.random.Generator or an integer seed, not the legacy "
+            "numpy.random.RandomState"
+        )
+    return np.random.default_rng(random_state)
+
+
+def spawn(rng: np.random.Generator, n: int) -> list[np.random.Generator]:
+    """Split ``rng`` into ``n`` independent child generators (reproducibly)."""
+    return list(rng.spawn(n))
