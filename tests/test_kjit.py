@@ -1,0 +1,148 @@
+"""KJITOperator: accuracy against quadrature, uncertainty, oracle use and file I/O."""
+
+import numpy as np
+import pytest
+from scipy import special
+
+from pmkjit.errors import OperatorFileError
+from pmkjit.families import Beta, Gamma, Gaussian
+from pmkjit.features import GaussianJointEmbeddingFeatures
+from pmkjit.operators import KJITOperator, QuadratureOracle
+
+
+class CountingOracle:
+    """Quadrature oracle that records how many message tuples it answered."""
+
+    def __init__(self):
+        self.inner = QuadratureOracle(special.expit, (Gaussian, Beta), kind="deterministic")
+        self.calls = 0
+
+    def __call__(self, messages):
+        self.calls += len(messages[0])
+        return self.inner(messages)
+
+
+def incoming(rng, n, centre=0.0, spread=2.0):
+    y = rng.integers(0, 2, n).astype(float)
+    return (Gaussian(rng.normal(centre, spread, n), np.exp(rng.uniform(-2, 2, n))), Beta(1 + y, 2 - y))
+
+
+def small_operator(seed=0, **kw):
+    return KJITOperator((Gaussian, Beta), targets=(0,), features=GaussianJointEmbeddingFeatures(100, 300),
+                        search={"inner_scale": (0.5, 1.0), "outer_scale": (1.0, 2.0)}, random_state=seed, **kw)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    rng = np.random.default_rng(0)
+    oracle = CountingOracle()
+    op = small_operator()
+    train = incoming(rng, 600)
+    op(train, oracle)
+    return op, oracle
+
+
+def test_first_call_fits_and_predictions_are_accurate(fitted):
+    op, oracle = fitted
+    assert oracle.calls == 600 and op.n_oracle_calls == 600
+    assert np.all(op.thresholds_ > 0) and op.thresholds_.shape == (2,)
+    assert op.hyperparameters_["inner_scale"] in (0.5, 1.0)
+    rng = np.random.default_rng(1)
+    test = incoming(rng, 300)
+    (pred,), var = op.predict(test)
+    truth = oracle.inner(test).beliefs[0]
+    log_kl = np.log(truth.kl(pred))
+    assert np.median(log_kl) < -5  # predicted beliefs are close to quadrature's
+    # a trivial predictor (the incoming message itself) is far worse
+    assert np.median(np.log(truth.kl(test[0]))) > np.median(log_kl) + 3
+
+
+def test_uncertainty_grows_away_from_training_messages(fitted):
+    op, _ = fitted
+    rng = np.random.default_rng(2)
+    near = incoming(rng, 200)
+    far = incoming(rng, 200, centre=25.0, spread=1.0)
+    _, v_near = op.predict(near)
+    _, v_far = op.predict(far)
+    assert np.median(v_far[:, 0]) > 10 * np.median(v_near[:, 0])
+    assert np.mean(np.any(v_far > op.thresholds_, axis=1)) > 0.9
+    assert np.mean(np.any(v_near > op.thresholds_, axis=1)) < 0.35
+
+
+def test_call_asks_oracle_only_when_unsure_and_learns():
+    rng = np.random.default_rng(3)
+    oracle = CountingOracle()
+    op = small_operator(seed=1)
+    op(incoming(rng, 600), oracle)
+    oracle.calls = 0
+    res = op(incoming(rng, 400), oracle)
+    assert oracle.calls == res.uncertain.sum() < 0.4 * 400
+    far = incoming(rng, 300, centre=15.0, spread=1.0)
+    res_far = op(far, oracle)
+    assert res_far.uncertain.mean() > 0.8
+    # answers for uncertain inputs are the oracle's, exactly
+    truth = oracle.inner(far).beliefs[0]
+    idx = np.flatnonzero(res_far.uncertain)
+    np.testing.assert_allclose(res_far.beliefs[0].natural[idx], truth.natural[idx])
+    # after learning, the same region is trusted again
+    again = op(incoming(rng, 300, centre=15.0, spread=1.0), oracle)
+    assert again.uncertain.mean() < 0.5 * res_far.uncertain.mean()
+
+
+def test_seed_reproducibility():
+    rng1, rng2 = np.random.default_rng(5), np.random.default_rng(5)
+    a, b = small_operator(seed=7), small_operator(seed=7)
+    a(incoming(rng1, 200), CountingOracle())
+    b(incoming(rng2, 200), CountingOracle())
+    msgs = incoming(np.random.default_rng(6), 50)
+    np.testing.assert_array_equal(a.predict(msgs)[1], b.predict(msgs)[1])
+
+
+def test_save_load_roundtrip(fitted, tmp_path):
+    op, _ = fitted
+    path = op.save(tmp_path / "logistic.npz")
+    loaded = KJITOperator.load(path, families=(Gaussian, Beta))
+    msgs = incoming(np.random.default_rng(8), 100)
+    (p1,), v1 = op.predict(msgs)
+    (p2,), v2 = loaded.predict(msgs)
+    np.testing.assert_allclose(p2.natural, p1.natural, rtol=1e-12)
+    np.testing.assert_allclose(v2, v1, rtol=1e-10)
+    np.testing.assert_array_equal(loaded.thresholds_, op.thresholds_)
+    with open(path, "rb") as fh:  # the file loads without pickle
+        np.load(fh, allow_pickle=False).files
+
+
+def test_corrupt_and_mismatched_files(fitted, tmp_path):
+    op, _ = fitted
+    path = op.save(tmp_path / "op.npz")
+    with pytest.raises(OperatorFileError, match="Gamma"):
+        KJITOperator.load(path, families=(Gamma, Beta))
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(path.read_bytes()[:2000])
+    with pytest.raises(OperatorFileError, match="broken.npz"):
+        KJITOperator.load(broken)
+    with pytest.raises(OperatorFileError, match="does not exist"):
+        KJITOperator.load(tmp_path / "missing.npz")
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["meta/version"] = np.asarray(99)
+    other = tmp_path / "future.npz"
+    np.savez(other, **arrays)
+    with pytest.raises(OperatorFileError, match="version 99"):
+        KJITOperator.load(other)
+    del arrays["thresholds"]
+    arrays["meta/version"] = np.asarray(1)
+    np.savez(other, **arrays)
+    with pytest.raises(OperatorFileError, match="thresholds"):
+        KJITOperator.load(other)
+
+
+def test_input_validation(fitted):
+    op, _ = fitted
+    msgs = incoming(np.random.default_rng(9), 10)
+    with pytest.raises(ValueError, match="2 variables"):
+        op.predict(msgs[:1])
+    with pytest.raises(TypeError, match="should be Beta"):
+        op.predict((msgs[0], msgs[0]))
+    with pytest.raises(ValueError, match="target 3"):
+        KJITOperator((Gaussian, Beta), targets=(3,))
