@@ -222,6 +222,16 @@ class ExponentialFamily(ABC):
         weights /= np.sum(weights, axis=-1, keepdims=True)
         return x, weights
 
+    @classmethod
+    def sufficient_statistics_unconstrained(cls, u: np.ndarray) -> np.ndarray:
+        """``T(from_unconstrained(u))``, computed stably where the family allows."""
+        return cls.sufficient_statistics(cls.from_unconstrained(u))
+
+    def logpdf_at_unconstrained(self, u: np.ndarray) -> np.ndarray:
+        """``log p(x)`` at ``x = from_unconstrained(u)``; ``u`` broadcasts against the batch."""
+        T = self.sufficient_statistics_unconstrained(u)
+        return np.sum(self._natural * T, axis=-1) - self.log_partition()
+
     def logpdf_unconstrained(self, u: np.ndarray) -> np.ndarray:
         """Log density of ``u = to_unconstrained(x)``; ``u`` of shape ``(*batch, n)``."""
         x = self.from_unconstrained(u)

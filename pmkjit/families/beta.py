@@ -184,6 +184,12 @@ class Beta(ExponentialFamily):
     def log_abs_det_jacobian(u: np.ndarray) -> np.ndarray:
         return special.log_expit(u) + special.log_expit(-u)
 
+    @classmethod
+    def sufficient_statistics_unconstrained(cls, u: np.ndarray) -> np.ndarray:
+        # log x = log_expit(u), log(1-x) = log_expit(-u): exact where 1 - expit(u) rounds to 0
+        u = np.asarray(u, dtype=float)
+        return np.stack([special.log_expit(u), special.log_expit(-u)], axis=-1)
+
     def logpdf_unconstrained(self, u: np.ndarray) -> np.ndarray:
         # log x = log_expit(u), log(1-x) = log_expit(-u): exact in the tails where 1 - expit(u) rounds to 0.
         la, lb = special.log_expit(u), special.log_expit(-u)

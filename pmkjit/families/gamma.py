@@ -132,6 +132,12 @@ class Gamma(ExponentialFamily):
     def log_abs_det_jacobian(u: np.ndarray) -> np.ndarray:
         return np.asarray(u, dtype=float)
 
+    @classmethod
+    def sufficient_statistics_unconstrained(cls, u: np.ndarray) -> np.ndarray:
+        u = np.asarray(u, dtype=float)
+        with np.errstate(over="ignore"):
+            return np.stack([u, np.exp(u)], axis=-1)
+
     def logpdf_unconstrained(self, u: np.ndarray) -> np.ndarray:
         u = np.asarray(u, dtype=float)
         with np.errstate(over="ignore"):

@@ -267,11 +267,11 @@ class KJITOperator:
         if not hasattr(self, "regression_"):
             result = oracle(messages)
             self.n_oracle_calls += B
-            ok = np.flatnonzero(np.asarray(result.accepted))
             answers = tuple(result.beliefs[t] for t in self.targets)
-            self.fit(_take(messages, ok), tuple(b[ok] for b in answers))
+            good = _answered(answers)
+            self.fit(_take(messages, np.flatnonzero(good)), tuple(b[good] for b in answers))
             _, var = self.predict(messages)
-            return KJITResult(answers, var, np.ones(B, bool), np.asarray(result.accepted, bool))
+            return KJITResult(answers, var, np.ones(B, bool), good)
         beliefs, var = self.predict(messages)
         uncertain = np.any(var > self.thresholds_, axis=1)
         accepted = np.ones(B, bool)
@@ -281,7 +281,7 @@ class KJITOperator:
             result = oracle(sub)
             self.n_oracle_calls += idx.size
             answers = tuple(result.beliefs[t] for t in self.targets)
-            ok = np.asarray(result.accepted, bool)
+            ok = _answered(answers)
             accepted[idx[~ok]] = False
             if ok.any():
                 self.update(_take(sub, np.flatnonzero(ok)), tuple(a[ok] for a in answers))
@@ -331,11 +331,12 @@ class KJITOperator:
         """
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as data:
+            # Open the file ourselves so that a corrupt archive never leaks the handle.
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
                 arrays = {k: data[k] for k in data.files}
         except FileNotFoundError as exc:
             raise OperatorFileError(f"operator file {path} does not exist") from exc
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        except (OSError, ValueError, TypeError, AttributeError, zipfile.BadZipFile, EOFError) as exc:
             raise OperatorFileError(f"operator file {path} is corrupt or not an .npz file: {exc}") from exc
         try:
             fmt = str(arrays["meta/format"])
@@ -406,6 +407,14 @@ class KJITOperator:
             f"KJITOperator(families={[f.name for f in self.families]}, targets={list(self.targets)}, {state}, "
             f"oracle_calls={self.n_oracle_calls}, predictions={self.n_predictions})"
         )
+
+
+def _answered(beliefs: Sequence[ExponentialFamily]) -> np.ndarray:
+    """Entries where every target belief is a proper message (the oracle answered)."""
+    ok = np.ones(len(beliefs[0]), bool)
+    for b in beliefs:
+        ok &= b.is_proper()
+    return ok
 
 
 def _reference(message: ExponentialFamily, family: type[ExponentialFamily]) -> np.ndarray:
