@@ -31,7 +31,7 @@ def main(seed: int = 0) -> None:
     oracle = ImportanceSamplingOracle(
         lambda inputs, rng: special.expit(inputs[0]), (Gaussian, Beta), n_samples=20_000, random_state=seed
     )
-    reference = QuadratureOracle(special.expit, (Gaussian, Beta), kind="deterministic")
+    reference = QuadratureOracle(special.expit, (Gaussian, Beta), unconstrained_function=lambda z: z)
     operator = KJITOperator(
         (Gaussian, Beta), targets=(0,), features=GaussianJointEmbeddingFeatures(300, 500), random_state=seed
     )

@@ -184,6 +184,12 @@ class Beta(ExponentialFamily):
     def log_abs_det_jacobian(u: np.ndarray) -> np.ndarray:
         return special.log_expit(u) + special.log_expit(-u)
 
+    def _quadrature_window(self):
+        # logit x has exponential tails exp(alpha u) and exp(-beta u): reach e^-38 on both
+        c, v = self.unconstrained_moments()
+        s = 12.0 * np.sqrt(v)
+        return np.minimum(c - s, c - 38.0 / self.alpha), np.maximum(c + s, c + 38.0 / self.beta)
+
     @classmethod
     def sufficient_statistics_unconstrained(cls, u: np.ndarray) -> np.ndarray:
         # log x = log_expit(u), log(1-x) = log_expit(-u): exact where 1 - expit(u) rounds to 0

@@ -132,6 +132,13 @@ class Gamma(ExponentialFamily):
     def log_abs_det_jacobian(u: np.ndarray) -> np.ndarray:
         return np.asarray(u, dtype=float)
 
+    def _quadrature_window(self):
+        # log x has tail exp(k u) on the left and exp(-r e^u) on the right
+        c, v = self.unconstrained_moments()
+        s = 12.0 * np.sqrt(v)
+        k, r = self.shape, self.rate
+        return np.minimum(c - s, c - 38.0 / k), np.maximum(c + s, np.log((40.0 + 2.0 * k) / r))
+
     @classmethod
     def sufficient_statistics_unconstrained(cls, u: np.ndarray) -> np.ndarray:
         u = np.asarray(u, dtype=float)

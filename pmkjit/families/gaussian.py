@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from numpy.polynomial.hermite_e import hermegauss
 
-from pmkjit.families.base import DEFAULT_QUADRATURE_NODES, ExponentialFamily, improper_error
+from pmkjit.families.base import ExponentialFamily, improper_error
 
 __all__ = ["Gaussian"]
 
@@ -111,7 +110,7 @@ class Gaussian(ExponentialFamily):
     def log_abs_det_jacobian(u: np.ndarray) -> np.ndarray:
         return np.zeros_like(np.asarray(u, dtype=float))
 
-    def quadrature(self, n: int = DEFAULT_QUADRATURE_NODES) -> tuple[np.ndarray, np.ndarray]:
-        z, w = hermegauss(n)
-        x = self.mean()[..., None] + np.sqrt(self.var())[..., None] * z
-        return x, np.broadcast_to(w / w.sum(), x.shape).copy()
+    def logpdf_unconstrained(self, u: np.ndarray) -> np.ndarray:
+        u = np.asarray(u, dtype=float)
+        m, v = self.mean()[..., None], self.var()[..., None]
+        return -0.5 * (u - m) ** 2 / v - 0.5 * np.log(2.0 * np.pi * v)

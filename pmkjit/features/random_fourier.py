@@ -9,11 +9,35 @@ import numpy as np
 from pmkjit._random import as_generator
 from pmkjit.features.spectral import KERNELS, sample_frequencies
 
-__all__ = ["RandomFourierFeatures"]
+__all__ = ["RandomFourierFeatures", "cos_sin"]
 
 # Below this many entries one thread is faster than handing cos and sin to two.
 _THREAD_MIN = 200_000
 _POOL = ThreadPoolExecutor(max_workers=2)
+
+
+def cos_sin(Z: np.ndarray, out: np.ndarray, scale: float = 1.0, amplitude: np.ndarray | None = None) -> None:
+    """Write ``scale * amplitude * [cos(Z), sin(Z)]`` into ``out`` of shape ``(n, 2K)``.
+
+    numpy's cos and sin run on one core and release the GIL, so large inputs get one
+    thread each.
+    """
+    K = Z.shape[1]
+
+    def part(fn, view):
+        fn(Z, out=view)
+        if amplitude is not None:
+            np.multiply(view, amplitude, out=view)
+        if scale != 1.0:
+            np.multiply(view, scale, out=view)
+
+    if Z.size >= _THREAD_MIN:
+        futures = [_POOL.submit(part, np.cos, out[:, :K]), _POOL.submit(part, np.sin, out[:, K:])]
+        for f in futures:
+            f.result()
+    else:
+        part(np.cos, out[:, :K])
+        part(np.sin, out[:, K:])
 
 
 class RandomFourierFeatures:
@@ -72,8 +96,12 @@ class RandomFourierFeatures:
         self.n_features_in_ = X.shape[1]
         return self
 
-    def transform(self, X: np.ndarray) -> np.ndarray:
-        """Features of shape ``(n_samples, n_features)``."""
+    def transform(self, X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Features of shape ``(n_samples, n_features)``.
+
+        ``out``, a C-contiguous float64 array of that shape, receives the result when
+        given (callers predicting in a loop reuse it instead of faulting in new pages).
+        """
         if not hasattr(self, "frequencies_"):
             raise RuntimeError("RandomFourierFeatures is not fitted yet; call fit first")
         X = self._as_2d(X)
@@ -83,16 +111,11 @@ class RandomFourierFeatures:
         W = self.frequencies_ / ell[:, None] if ell.ndim else self.frequencies_ / float(ell)
         Z = X @ W
         K = W.shape[1]
-        out = np.empty((X.shape[0], 2 * K))
-        if Z.size >= _THREAD_MIN:
-            # numpy's cos/sin run on one core and release the GIL: one each on two threads.
-            futures = [_POOL.submit(np.cos, Z, out=out[:, :K]), _POOL.submit(np.sin, Z, out=out[:, K:])]
-            for f in futures:
-                f.result()
-        else:
-            np.cos(Z, out=out[:, :K])
-            np.sin(Z, out=out[:, K:])
-        out *= np.sqrt(1.0 / K)
+        if out is None:
+            out = np.empty((X.shape[0], 2 * K))
+        elif out.shape != (X.shape[0], 2 * K) or out.dtype != np.float64 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous float64 array of shape {(X.shape[0], 2 * K)}")
+        cos_sin(Z, out, scale=np.sqrt(1.0 / K))
         return out
 
     def fit_transform(self, X: np.ndarray, y=None) -> np.ndarray:

@@ -165,7 +165,8 @@ class BayesianLinearRegression:
 
     # --------------------------------------------------------------- prediction
     def predict(
-        self, Phi: np.ndarray, *, return_var: bool = False, include_noise: bool = True
+        self, Phi: np.ndarray, *, return_var: bool = False, include_noise: bool = True,
+        overwrite_features: bool = False,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Predictive mean (and variance) for features ``Phi`` (n, D).
 
@@ -178,6 +179,9 @@ class BayesianLinearRegression:
             Add the noise variance ``s_k`` to the epistemic variance
             ``s_k phi^T A^{-1} phi``. ``False`` gives the uncertainty of the mean
             function alone, which is what tells a KJIT operator it lacks data.
+        overwrite_features : bool
+            Let the variance computation overwrite ``Phi`` (C-contiguous float64) in
+            place, saving a copy of the largest array of a batched prediction.
         """
         self._check_fitted()
         Phi = np.asarray(Phi, dtype=float)
@@ -186,7 +190,7 @@ class BayesianLinearRegression:
         mean = Phi @ self.coef_ + self.offset_
         if not return_var:
             return mean[:, 0] if self._ravel else mean
-        lev = self.leverage(Phi)
+        lev = self.leverage(Phi, overwrite=overwrite_features)
         var = lev[:, None] * self.noise_var_
         if include_noise:
             var = var + self.noise_var_
@@ -194,11 +198,13 @@ class BayesianLinearRegression:
             return mean[:, 0], var[:, 0]
         return mean, var
 
-    def leverage(self, Phi: np.ndarray) -> np.ndarray:
+    def leverage(self, Phi: np.ndarray, overwrite: bool = False) -> np.ndarray:
         """``phi^T A^{-1} phi`` for every row, by one BLAS-3 triangular solve."""
         self._check_fitted()
+        Phi = np.asarray(Phi, dtype=float)
+        overwrite = overwrite and Phi.flags.c_contiguous
         # Phi.T of a C-ordered Phi is Fortran-ordered: trsm reads it without a copy.
-        V = blas.dtrsm(1.0, self.R_, np.asarray(Phi, dtype=float).T, side=0, lower=0, trans_a=1)
+        V = blas.dtrsm(1.0, self.R_, Phi.T, side=0, lower=0, trans_a=1, overwrite_b=int(overwrite))
         return np.einsum("dn,dn->n", V, V)
 
     # -------------------------------------------------------------- utilities
