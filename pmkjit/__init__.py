@@ -1,1 +1,25 @@
-"""pmkjit: expectation propagation with kernel-based just-in-time message operators for PyMC."""
+"""pmkjit: expectation propagation with kernel-based just-in-time message operators for PyMC.
+
+Subpackages: ``families`` (batched exponential-family messages), ``features`` (random
+features on vectors and on messages), ``regression`` (online Bayesian linear regression)
+and ``operators`` (importance-sampling and quadrature oracles, the KJIT operator).
+"""
+
+from pmkjit.errors import (
+    ImproperMessageError,
+    OperatorFileError,
+    OracleError,
+    PmkjitError,
+    UnsupportedModelError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PmkjitError",
+    "ImproperMessageError",
+    "OracleError",
+    "OperatorFileError",
+    "UnsupportedModelError",
+    "__version__",
+]

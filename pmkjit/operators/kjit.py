@@ -141,7 +141,7 @@ class KJITOperator:
         for t, belief in zip(self.targets, beliefs):
             y = np.asarray(belief.regression_targets(), dtype=float)
             if self.relative:
-                y = y - _reference(messages[t], self.families[t])
+                y = y - _reference(messages[t])
                 if self.families[t] is Gaussian:
                     y[:, 0] = (belief.mean() - messages[t].mean()) / np.sqrt(messages[t].var())
             cols.append(y)
@@ -155,10 +155,10 @@ class KJITOperator:
             if self.relative:
                 if fam is Gaussian:
                     shift = y[:, 0] * np.sqrt(messages[t].var())
-                    y = y + _reference(messages[t], fam)
+                    y = y + _reference(messages[t])
                     y[:, 0] = messages[t].mean() + shift
                 else:
-                    y = y + _reference(messages[t], fam)
+                    y = y + _reference(messages[t])
             beliefs.append(fam.from_regression_targets(y))
         return tuple(beliefs)
 
@@ -434,7 +434,8 @@ def _answered(beliefs: Sequence[ExponentialFamily]) -> np.ndarray:
     return ok
 
 
-def _reference(message: ExponentialFamily, family: type[ExponentialFamily]) -> np.ndarray:
+def _reference(message: ExponentialFamily) -> np.ndarray:
+    """Regression targets of the incoming message a relative target is measured from."""
     return np.asarray(message.regression_targets(), dtype=float)
 
 
