@@ -1,19 +1,78 @@
-"""Quadrature oracle for factors with one or two latent variables (the gold standard)."""
+"""Quadrature oracle for factors with one or two latent variables (the gold standard).
+
+The tilted distribution ``q_b(x) ∝ ψ(x_out | x_in) ∏_v m_{v,b}(x_v)`` is integrated in the
+unconstrained coordinates ``u`` of its latent variables (identity, logit or log), where
+it is smooth, unbounded in support and usually close to Gaussian. Three stages, each
+vectorised over the batch of message tuples (and restricted to the entries that still
+need work):
+
+1. **Locate.** A coarse uniform grid of ±12 standard deviations of the incoming
+   messages. When the best node lies on the grid's edge, the tilted law is elsewhere
+   (a narrow output message can pull it dozens of input standard deviations away), so
+   the grid moves to that node and widens fourfold; this walk reaches any distance in
+   logarithmically many steps.
+2. **Zoom.** Once the peak is inside the grid, the grid is re-centred and re-shaped on
+   the running estimate of the tilted mean and covariance (rotated by its Cholesky
+   factor in 2-D) until that estimate agrees with the grid's own scale to a factor 2.
+3. **Integrate.** A trapezoid grid of ±12 estimated standard deviations gives the
+   expected sufficient statistics, entry by entry made trustworthy:
+
+   * a side of the window on which the integrand, or its product with a sufficient
+     statistic, has not decayed to ``e^-46`` of the total is pushed out (exponential
+     tails, e.g. of a Gamma in log space);
+   * in 1-D, a scan over ±40 standard deviations of both the incoming message and the
+     tilted law looks for contributions away from the window (a second mode of weight
+     1e-9 far away moves a Beta belief through its tiny ``E[log x]``) and widens the
+     window over them;
+   * the statistics are recomputed on every other node: since the trapezoid rule
+     converges geometrically, the difference bounds the error, and the node count is
+     doubled until it is below 1e-11 of each statistic's scale.
+
+The trapezoid rule on a smooth integrand that has decayed to negligible values at both
+ends of the window converges geometrically in the node spacing, which is why it is
+used rather than Gauss–Hermite on the recentred law: it does not assume a Gaussian
+shape, so skewed tilted laws, exponential tails and far-apart modes cost nothing
+extra, and it comes with the every-other-node error estimate. For the logistic factor
+over the whole range ``mu in [-20, 20]``, ``sigma^2 in [1e-3, 1e3]``,
+``alpha, beta in [0.5, 500]`` the projected parameters agree with QUADPACK (and, where
+QUADPACK fails, with brute force) to ~1e-11 relative.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from scipy import special
 
-from pmkjit.errors import ImproperMessageError
-from pmkjit.families import ExponentialFamily
-from pmkjit.operators.oracle import OracleResult
+from pmkjit.families import ExponentialFamily, Gaussian
+from pmkjit.operators.oracle import OracleResult, check_messages, project_beliefs
 
 __all__ = ["QuadratureOracle"]
 
 _WINDOW = 12.0  # half-width of every grid, in standard deviations of the current estimate
-_MAX_ZOOMS = 12
+_LOCATE_NODES = {1: 201, 2: 41}  # nodes per axis while locating and zooming
+_DEFAULT_NODES = {1: 401, 2: 81}  # nodes per axis of the final grid
+_WALK_GROWTH = 4.0  # widening of the grid per step while walking towards the tilted peak
+_MAX_STEPS = 40  # locate + zoom iterations (walking ~100 sds takes ~4, zooming 1e-6 ~ 8)
+_EDGE_LOG_WEIGHT = -46.0  # a window edge must be below e^-46 ~ 1e-20 of the peak
+_MAX_EXTENSIONS = 6  # doublings of one side of the final window (up to 64 x 12 sds)
+_MAX_GROWTH = {1: 16.0, 2: 2.0}  # widened windows get at most this many times more nodes per axis
+_MAX_SPACING = 0.5  # coarsest final node spacing, in estimated tilted sds (trapezoid error ~e^-79 for a Gaussian)
+_SCAN_SDS = 40.0  # 1-D scan for far contributions: ±40 sds of the incoming message and of the tilted law
+_SCAN_NODES = 2001
+_SCAN_LOG_SHARE = -40.0  # scan nodes adding more than e^-40 of an integral are important
+_MAX_REFINE = {1: 6, 2: 2}  # doublings of the node count when the half-grid check fails
+_RTOL = {1: 1e-10, 2: 1e-7}  # target |trapezoid - every-other-node trapezoid| / scale; the
+# trapezoid's own error is then far smaller (geometric convergence: ~ the square of it)
+_RTOL_FINAL = 1e-7  # accept an unconverged entry only if it is at least this close
+_MAX_POINTS = 2_000_000  # grid points x batch entries held at once (per coordinate array)
+# links whose inverse is the output family's to_unconstrained (logit, log)
+_IDENTITY_LINKS = ((special.expit, "unit_interval"), (np.exp, "positive"))
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
 
 
 class QuadratureOracle:
@@ -23,9 +82,11 @@ class QuadratureOracle:
     ----------
     function : callable
         ``kind="deterministic"``: the factor is ``delta(x_out - function(x_in))`` for one
-        latent input (e.g. ``scipy.special.expit``). ``kind="density"``:
-        ``function(x_out, inputs) -> log psi(x_out | inputs)``, vectorised, for at most
-        two latent variables in all (inputs and, unless ``observed`` is given, the output).
+        latent input (e.g. ``scipy.special.expit``); vectorised over arrays.
+        ``kind="density"``: ``function(x_out, inputs) -> log psi(x_out | inputs)``, where
+        ``inputs`` is a tuple of arrays, vectorised, for at most two latent variables in
+        all (the inputs and, unless ``observed`` is given, the output). ``-inf`` means zero
+        density; NaN and ``+inf`` mean "cannot evaluate here" (see Notes).
     families : sequence of family classes
         Families of the variables ``(*inputs, output)``; without the output when it is
         observed.
@@ -33,22 +94,34 @@ class QuadratureOracle:
     unconstrained_function : callable, optional
         Deterministic kind: ``u_out = unconstrained_function(x_in)``, the output in its
         family's unconstrained coordinates (for the logistic factor and a Beta output,
-        ``z -> z``). It lets the output's sufficient statistics be computed without
-        round-off where ``function`` saturates (``expit(40) == 1.0``).
+        ``z -> z``). It lets the output's density and sufficient statistics be computed
+        without round-off where ``function`` saturates (``expit(40) == 1.0``).
     n_nodes : int, optional
-        Nodes per axis of the final grid (default 801 in 1-D, 161 in 2-D).
-    observed : array (B,), optional
-        Observed output values (density kind); beliefs are then the inputs' only.
+        Nodes per axis of the first final grid (default 401 in 1-D, 81 in 2-D); entries
+        whose integrals have not converged get more.
+    observed : array_like (B,), optional
+        Observed output values (density kind); the beliefs are then the inputs' only.
+
+    Attributes
+    ----------
+    n_calls : int
+        Number of message tuples answered so far.
 
     Notes
     -----
-    A uniform grid of ±12 standard deviations of the incoming messages (unconstrained,
-    per variable) locates the tilted law; the grid is then re-centred and re-shaped on
-    the running estimate of its mean and covariance (rotated by the Cholesky factor in
-    2-D) until it resolves the tilted law with at least 10 nodes per standard deviation,
-    and a final finer grid gives the moments. The trapezoidal rule on a smooth,
-    rapidly decaying integrand converges geometrically, so the result is accurate to
-    near machine precision for smooth factors (the tests compare against QUADPACK).
+    An entry is refused (``accepted=False``, NaN beliefs) rather than answered wrongly
+    when the tilted law cannot be located or resolved, when the factor cannot be
+    evaluated (non-finite ``function`` output, or an output that saturates to the edge of
+    its support) at a node next to non-negligible mass, when the every-other-node
+    error estimate stays above 1e-7 of a statistic, or when a projection fails.
+    ``OracleResult.ess`` reports the number of nodes of the final grid.
+
+    The tilted law is assumed unimodal in 2-D (no scan there).
+
+    Without ``unconstrained_function``, a deterministic ``function`` that saturates
+    costs digits: ``logit(expit(19))`` keeps only ~8. ``scipy.special.expit`` with a
+    Beta output and ``numpy.exp`` with a Gamma output are recognised and get the exact
+    ``x_in -> x_in``.
     """
 
     def __init__(self, function: Callable, families: Sequence[type[ExponentialFamily]], *,
@@ -57,11 +130,18 @@ class QuadratureOracle:
         if kind not in ("deterministic", "density"):
             raise ValueError(f"kind must be 'deterministic' or 'density', got {kind!r}")
         self.function = function
-        self.unconstrained_function = unconstrained_function
         self.families = tuple(families)
+        if unconstrained_function is None and kind == "deterministic" and len(self.families) == 2:
+            # the output's unconstrained coordinate is x_in itself for these links: exact
+            # where the link rounds to the edge of the support
+            if any(function is f and self.families[1].support == sup for f, sup in _IDENTITY_LINKS):
+                unconstrained_function = _identity
+        self.unconstrained_function = unconstrained_function
         self.kind = kind
         self.observed = None if observed is None else np.asarray(observed, dtype=float)
         if kind == "deterministic":
+            if observed is not None:
+                raise ValueError("a deterministic factor has no observed output; use kind='density'")
             if len(self.families) != 2:
                 raise ValueError("a deterministic factor takes one input and one output family")
             self._latent = [0]
@@ -70,127 +150,368 @@ class QuadratureOracle:
         if not 1 <= len(self._latent) <= 2:
             raise ValueError(f"quadrature handles 1 or 2 latent variables, got {len(self._latent)}")
         d = len(self._latent)
-        self.n_nodes = int(n_nodes) if n_nodes is not None else (801 if d == 1 else 161)
+        self.n_nodes = int(n_nodes) if n_nodes is not None else _DEFAULT_NODES[d]
+        if self.n_nodes < 3:
+            raise ValueError(f"n_nodes must be at least 3, got {self.n_nodes}")
         self.n_calls = 0
 
+    # ------------------------------------------------------------------ public
     def __call__(self, messages: Sequence[ExponentialFamily]) -> OracleResult:
-        messages = tuple(messages)
-        if len(messages) != len(self.families):
-            raise ValueError(f"expected {len(self.families)} message batches, got {len(messages)}")
-        for i, (m, fam) in enumerate(zip(messages, self.families)):
-            if not isinstance(m, fam):
-                raise TypeError(f"message {i} should be {fam.name}, got {type(m).__name__}")
-            m.check_proper(f"incoming message {i}")
-        B = len(messages[0])
-        latent = [messages[i] for i in self._latent]
-        d = len(latent)
-        log_target = self._log_target(messages)
+        """Project the tilted distributions of a batch of message tuples.
 
-        mean = np.stack([m.unconstrained_moments()[0] for m in latent], axis=-1)  # (B, d)
-        sd = np.stack([np.sqrt(m.unconstrained_moments()[1]) for m in latent], axis=-1)
-        L = sd[:, :, None] * np.eye(d)  # (B, d, d)
-        n_zoom = 201 if d == 1 else 61
-        z = _grid(n_zoom, d)
-        h = 2 * _WINDOW / (n_zoom - 1)
-        todo = np.arange(B)
-        for _ in range(_MAX_ZOOMS):  # only unresolved entries are re-gridded
-            U = mean[todo, None, :] + np.einsum("bij,gj->bgi", L[todo], z)
-            m_new, c_new = _moments(U, log_target(U, todo))
-            # resolution and coverage, measured in the current grid's coordinates
-            Cz = np.linalg.solve(L[todo], np.linalg.solve(L[todo], c_new).swapaxes(-1, -2))
-            ev = np.linalg.eigvalsh(0.5 * (Cz + Cz.swapaxes(-1, -2)))
-            ok = (ev[:, 0] >= (10 * h) ** 2) & (ev[:, -1] <= (_WINDOW / 3) ** 2)
-            floor = (0.5 * h) ** 2 * (L[todo] @ L[todo].swapaxes(-1, -2))
-            mean[todo] = m_new
-            L[todo] = np.linalg.cholesky(c_new + floor)
-            todo = todo[~ok]
+        Parameters
+        ----------
+        messages : sequence of family batches
+            One batch of shape ``(B,)`` per variable, in the order of ``families``.
+
+        Returns
+        -------
+        OracleResult
+            ``beliefs`` one batch per variable (NaN where not accepted), ``ess`` the
+            number of final nodes per entry, ``accepted``.
+        """
+        messages = check_messages(messages, self.families)
+        B = len(messages[0])
+        if self.observed is not None and self.observed.shape != (B,):
+            raise ValueError(f"observed has shape {self.observed.shape}, expected ({B},) like the messages")
+        d = len(self._latent)
+        # per variable: E T (2 columns) and, for Gaussians, the central variance (third)
+        stats = np.full((len(self.families), B, 3), np.nan)
+        accepted = np.zeros(B, dtype=bool)
+        n_final = np.zeros(B)
+        # chunks of the batch bound the memory of the (chunk, nodes, d) grids
+        chunk = max(1, _MAX_POINTS // max(self.n_nodes**d, _SCAN_NODES if d == 1 else 0))
+        log_target = self._log_target(messages)
+        for start in range(0, B, chunk):
+            idx = np.arange(start, min(B, start + chunk))
+            stats[:, idx], accepted[idx], n_final[idx] = self._integrate(messages, log_target, idx)
+        beliefs, accepted = project_beliefs(self.families, stats, accepted)
+        self.n_calls += B
+        return OracleResult(beliefs, n_final, accepted)
+
+    # ---------------------------------------------------------------- stages
+    def _integrate(self, messages, log_target, idx):
+        """Expected sufficient statistics ``(n_vars, b, 2)``, success ``(b,)`` and node counts."""
+        latent = [messages[i][idx] for i in self._latent]
+        moments = [m.unconstrained_moments() for m in latent]
+        prior_mean = np.stack([mv[0] for mv in moments], axis=-1)  # (b, d)
+        prior_sd = np.sqrt(np.stack([mv[1] for mv in moments], axis=-1))
+        centre = prior_mean.copy()
+        L = prior_sd[:, :, None] * np.eye(len(latent))  # (b, d, d) Cholesky factor of the grid
+        located = self._locate(log_target, idx, centre, L)
+        return self._final(log_target, idx, centre, L, located, prior_mean, prior_sd)
+
+    def _locate(self, log_target, idx, centre, L):
+        """Walk and zoom ``centre``, ``L`` (in place) onto the tilted law; returns success ``(b,)``."""
+        d = centre.shape[1]
+        n = _LOCATE_NODES[d]
+        z = _grid(np.full((1, d), -_WINDOW), np.full((1, d), _WINDOW), n)[0]  # (G, d)
+        h = 2 * _WINDOW / (n - 1)
+        located = np.zeros(idx.size, dtype=bool)
+        todo = np.arange(idx.size)
+        for _ in range(_MAX_STEPS):
             if todo.size == 0:
                 break
-        zf = _grid(self.n_nodes, d)
-        all_idx = np.arange(B)
-        U = mean[:, None, :] + np.einsum("bij,gj->bgi", L, zf)
-        lw = log_target(U, all_idx)
-        lw = lw - np.max(lw, axis=1, keepdims=True)
-        w = np.exp(lw)
-        w /= np.sum(w, axis=1, keepdims=True)
+            U = centre[todo, None, :] + np.einsum("bij,gj->bgi", L[todo], z)
+            lt, _bad = log_target(U, idx[todo])
+            alive = np.isfinite(lt).any(axis=1)  # an all-zero grid gives no direction: refuse
+            best = np.argmax(lt, axis=1)
+            on_edge = np.any(np.abs(z[best]) > _WINDOW - 0.5 * h, axis=1) & alive
+            # walk: the peak is beyond the edge, so move there and look wider
+            walk = todo[on_edge]
+            centre[walk] = U[on_edge, best[on_edge]]
+            L[walk] *= _WALK_GROWTH
+            inner = alive & ~on_edge
+            sub = todo[inner]
+            if sub.size:
+                m_new, c_new = _moments(U[inner], lt[inner])
+                Ls = L[sub]
+                # tilted covariance in the current grid's coordinates: resolution and coverage
+                Cz = np.linalg.solve(Ls, np.linalg.solve(Ls, c_new).swapaxes(-1, -2))
+                ev = np.linalg.eigvalsh(0.5 * (Cz + Cz.swapaxes(-1, -2)))
+                # the grid already matched the tilted law to within a factor 2 in scale (at
+                # least ~4 nodes per sd in 1-D, ~1.7 in 2-D, and ±6 sds): rough, but the
+                # final grid is a fresh ±12 sds of the new estimate
+                ok = (ev[:, 0] >= 0.25) & (ev[:, -1] <= 4.0)
+                # the floor (half a node spacing) keeps L non-singular when one node holds all the mass
+                floor = (0.5 * h) ** 2 * (Ls @ Ls.swapaxes(-1, -2))
+                centre[sub] = m_new
+                L[sub] = np.linalg.cholesky(c_new + floor)
+                located[sub[ok]] = True
+                inner[np.flatnonzero(inner)[ok]] = False  # done
+            todo = todo[on_edge | inner]
+        return located
 
-        stats = []
-        for j, fam in enumerate(self._latent_families()):
-            stats.append(fam.sufficient_statistics_unconstrained(U[..., j]))
-        if self.kind == "deterministic":
-            out_fam = self.families[1]
-            stats.append(out_fam.sufficient_statistics_unconstrained(self._output_unconstrained(U[..., 0])))
-        beliefs, accepted = [], np.isfinite(lw).any(axis=1) & np.all(np.isfinite(mean), axis=1)
-        for v, T in enumerate(stats):
-            ess = np.einsum("bg,bgk->bk", w, T)
-            belief, ok = _safe_project(self.families[v], ess, f"variable {v}")
-            beliefs.append(belief)
-            accepted &= ok
-        self.n_calls += B
-        return OracleResult(tuple(beliefs), np.full(B, float(w.shape[1])), accepted)
+    def _final(self, log_target, idx, centre, L, located, prior_mean, prior_sd):
+        """Trapezoid integration on ±12 estimated sds, widened and refined until it has converged.
 
-    def _latent_families(self):
-        return [self.families[i] for i in self._latent]
+        Every entry starts with the window ``[lo, hi]`` = ±12 in the coordinates
+        ``z = L^{-1}(u - centre)``. Then, entry by entry:
+
+        * a side whose edge still carries weight is doubled;
+        * the statistics on the grid are compared with those on every other node (the
+          trapezoid rule converges geometrically, so the difference bounds the error);
+          too large a difference doubles the nodes: a statistic can have features far
+          narrower than the tilted law (``E[log x]`` of a Beta belief near 1 comes from
+          a thin region in the tail);
+        * in 1-D a wide scan looks for contributions outside the window (a second mode,
+          or the region that makes a tiny statistic) and widens the window over them.
+        """
+        b, d = centre.shape
+        n_vars = len(self.families)
+        stats = np.full((n_vars, b, 3), np.nan)
+        done = np.zeros(b, dtype=bool)
+        fine = np.zeros(b, dtype=bool)
+        n_final = np.zeros(b)
+        lo = np.full((b, d), -_WINDOW)
+        hi = np.full((b, d), _WINDOW)
+        refine = np.zeros(b, dtype=int)
+        n_ext = np.zeros(b, dtype=int)
+        scanned = np.zeros(b, dtype=bool)
+        done[~located] = True
+        for _ in range(_MAX_EXTENSIONS + _MAX_REFINE[d] + 4):
+            todo = np.flatnonzero(~done)
+            if todo.size == 0:
+                break
+            width = np.max(hi[todo] - lo[todo], axis=1)
+            # keep the node spacing of the ±12 window as it widens (up to a cap), then refine
+            base = np.ceil((self.n_nodes - 1) / 2 * np.minimum(width / (2 * _WINDOW), _MAX_GROWTH[d])).astype(int)
+            n_entry = 2 * base * 2 ** refine[todo] + 1  # odd: every other node is a grid too
+            for n in np.unique(n_entry):
+                grp = todo[n_entry == n]
+                per = max(1, _MAX_POINTS // int(n) ** d)
+                for s in range(0, grp.size, per):
+                    sub = grp[s : s + per]
+                    self._final_step(log_target, idx, sub, int(n), centre, L, lo, hi, refine, n_ext, scanned,
+                                     prior_mean, prior_sd, stats, done, fine, n_final)
+        fine &= done & np.isfinite(stats[..., :2]).all(axis=(0, 2))
+        return stats, fine, n_final
+
+    def _final_step(self, log_target, idx, sub, n, centre, L, lo, hi, refine, n_ext, scanned,
+                    prior_mean, prior_sd, stats, done, fine, n_final):
+        """One trapezoid evaluation of entries ``sub`` on ``n`` nodes per axis; updates the state in place."""
+        d = centre.shape[1]
+        k = sub.size
+        width = np.max(hi[sub] - lo[sub], axis=1)
+        z = _grid(lo[sub], hi[sub], n)  # (k, G, d)
+        U = centre[sub, None, :] + np.einsum("bij,bgj->bgi", L[sub], z)
+        lt, bad = log_target(U, idx[sub])
+        peak = np.max(lt, axis=1, keepdims=True)
+        alive = np.isfinite(peak[:, 0])
+        with np.errstate(invalid="ignore", under="ignore"):
+            rel = np.where(alive[:, None], lt - peak, -np.inf)  # log weight relative to the peak
+            w = np.exp(rel)
+        grid_shape = (k,) + (n,) * d
+        heavy = rel.reshape(grid_shape) > _EDGE_LOG_WEIGHT
+        # unevaluable nodes next to real mass make the answer unreliable
+        near_bad = _dilate(bad.reshape(grid_shape))
+        spacing_ok = width / (n - 1) <= _MAX_SPACING
+        reliable = alive & spacing_ok & ~np.any((near_bad & heavy).reshape(k, -1), axis=1)
+        push_lo = np.stack([np.take(heavy, 0, axis=1 + j).reshape(k, -1).any(1) for j in range(d)], 1)
+        push_hi = np.stack([np.take(heavy, -1, axis=1 + j).reshape(k, -1).any(1) for j in range(d)], 1)
+        pushed = (push_lo | push_hi).any(axis=1)
+
+        refuse = ~reliable | (pushed & (n_ext[sub] >= _MAX_EXTENSIONS))
+        widen = reliable & pushed & ~refuse
+        grow = sub[widen]
+        lo[grow] = np.where(push_lo[widen], 2 * lo[grow], lo[grow])
+        hi[grow] = np.where(push_hi[widen], 2 * hi[grow], hi[grow])
+        n_ext[grow] += 1
+        done[sub[refuse]] = True
+
+        ready = reliable & ~pushed
+        if not ready.any():
+            return
+        r = np.flatnonzero(ready)
+        sel = sub[r]
+        w = w[r]
+        half = (slice(None),) + (slice(None, None, 2),) * d  # every other node along each axis
+        w_half = w.reshape((r.size,) + (n,) * d)[half].reshape(r.size, -1)
+        mass, mass_half = np.sum(w, axis=1), np.sum(w_half, axis=1)
+        T_all = [np.where(w[..., None] > 0, T, 0.0) for T in self._statistics(U[r])]  # zero weight: maybe off the support
+        mean = np.stack([np.einsum("bg,bgk->bk", w, T) for T in T_all]) / mass[:, None]  # (n_vars, r, 2)
+        mean_half = np.stack([
+            np.einsum("bg,bgk->bk", w_half, T.reshape((r.size,) + (n,) * d + (2,))[half].reshape(r.size, -1, 2))
+            for T in T_all]) / mass_half[:, None]
+        # Scale of each statistic: |E T| + E|T - E T| / 1000. The mean absolute deviation is
+        # at most 2 |E T| for a statistic of one sign (Beta's log x, far below 0 or tiny), so
+        # those are held to relative accuracy -- a Beta projection needs it -- while a mean
+        # that is zero by symmetry is measured on its spread. (The sd would not do: it can
+        # exceed a tiny E[log x] by dozens of orders of magnitude.)
+        mad = np.stack([np.einsum("bg,bgk->bk", w, np.abs(T - m[:, None, :])) for T, m in zip(T_all, mean)])
+        scale = np.abs(mean) + 1e-3 * mad / mass[:, None]  # (n_vars, r, 2)
+
+        # 1. The window must also hold the statistics' mass: w |T| at an edge, relative to
+        # the scale, must be negligible too (T can grow fast where the weight is small).
+        with np.errstate(divide="ignore", under="ignore"):
+            share = np.max(np.stack([w[..., None] * np.abs(T) / (mass[:, None, None] * scale[v][:, None, :])
+                                     for v, T in enumerate(T_all)]), axis=(0, 3))  # (r, G)
+        heavy_T = share.reshape((r.size,) + (n,) * d) > np.exp(_EDGE_LOG_WEIGHT)
+        t_lo = np.stack([np.take(heavy_T, 0, axis=1 + j).reshape(r.size, -1).any(1) for j in range(d)], 1)
+        t_hi = np.stack([np.take(heavy_T, -1, axis=1 + j).reshape(r.size, -1).any(1) for j in range(d)], 1)
+        t_push = (t_lo | t_hi).any(axis=1) & (n_ext[sel] < _MAX_EXTENSIONS)
+        g = sel[t_push]
+        lo[g] = np.where(t_lo[t_push], 2 * lo[g], lo[g])
+        hi[g] = np.where(t_hi[t_push], 2 * hi[g], hi[g])
+        n_ext[g] += 1
+        pending = t_push.copy()
+
+        # 2. In 1-D, once per entry: a scan for contributions away from the window.
+        if d == 1:
+            check = ~pending & ~scanned[sel]
+            if check.any():
+                c = np.flatnonzero(check)
+                scanned[sel[c]] = True
+                h_u = width[r[c]] / (n - 1) * L[sel[c], 0, 0]
+                log_norm = peak[r[c], 0] + np.log(mass[c] * h_u)  # log of the window's integral
+                status, new_lo, new_hi = self._scan_1d(log_target, idx, sel[c], centre, L, lo, hi, prior_mean,
+                                                       prior_sd, log_norm, scale[:, c])
+                more = c[status > 0]
+                lo[sel[more], 0] = np.minimum(lo[sel[more], 0], new_lo[status > 0])
+                hi[sel[more], 0] = np.maximum(hi[sel[more], 0], new_hi[status > 0])
+                pending[more] = True
+                lost = sel[c[status < 0]]  # important contributions reach the edge of the scan
+                done[lost] = True
+                pending[c[status < 0]] = True
+
+        # 3. Convergence: the trapezoid on every other node must agree.
+        err = np.abs(mean - mean_half)
+        converged = np.all(err <= _RTOL[d] * scale, axis=(0, 2))
+        acceptable = np.all(err <= _RTOL_FINAL * scale, axis=(0, 2))
+        again = ~pending & ~converged & (refine[sel] < _MAX_REFINE[d])
+        refine[sel[again]] += 1
+        settle = ~pending & ~again
+        fin = sel[settle]
+        stats[:, fin, :2] = mean[:, settle]
+        for v, fam in enumerate(self.families):
+            if issubclass(fam, Gaussian):
+                x = T_all[v][settle, :, 0]
+                stats[v, fin, 2] = np.einsum("bg,bg->b", w[settle], (x - mean[v, settle, 0][:, None]) ** 2) / mass[settle]
+        fine[fin] = acceptable[settle]
+        n_final[fin] = w.shape[1]
+        done[fin] = True
+
+    def _scan_1d(self, log_target, idx, sel, centre, L, lo, hi, prior_mean, prior_sd, log_norm, scale):
+        """Look for non-negligible contributions outside the final 1-D windows of entries ``sel``.
+
+        The scan covers ±40 sds of both the incoming message and the tilted estimate,
+        with 2001 nodes. A node is important if it would add more than e^-40 of the
+        window's integral to the normaliser, or of the scale ``|E T| + E|T - E T|/1000`` to some
+        expected statistic: a far second mode of weight 1e-9 changes a Beta projection
+        through ``E[log x]`` while being invisible in the mass.
+
+        Returns
+        -------
+        status : ndarray of int (s,)
+            0: nothing outside; 1: widen to ``[new_lo, new_hi]`` (grid coordinates);
+            -1: important contributions reach the edge of the scan (refuse).
+        new_lo, new_hi : ndarray (s,)
+        """
+        c, ell = centre[sel, 0], L[sel, 0, 0]
+        a = np.minimum(prior_mean[sel, 0] - _SCAN_SDS * prior_sd[sel, 0], c - _SCAN_SDS * ell)
+        bnd = np.maximum(prior_mean[sel, 0] + _SCAN_SDS * prior_sd[sel, 0], c + _SCAN_SDS * ell)
+        t = np.linspace(0.0, 1.0, _SCAN_NODES)
+        u = a[:, None] + (bnd - a)[:, None] * t  # (s, N)
+        h_s = (bnd - a) / (_SCAN_NODES - 1)
+        lt, _bad = log_target(u[..., None], idx[sel])
+        inside = (u >= (c + ell * lo[sel, 0])[:, None]) & (u <= (c + ell * hi[sel, 0])[:, None])
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            base = lt + np.log(h_s)[:, None] - log_norm[:, None]  # log share of the window's integral
+            important = base > _SCAN_LOG_SHARE
+            for v, T in enumerate(self._statistics(u[..., None])):
+                contrib = base[..., None] + np.log(np.abs(T)) - np.log(scale[v][:, None, :])
+                important |= np.any(np.where(np.isnan(contrib), -np.inf, contrib) > _SCAN_LOG_SHARE, axis=-1)
+        important &= ~inside
+        status = np.zeros(sel.size, dtype=int)
+        any_imp = important.any(axis=1)
+        first = np.argmax(important, axis=1)
+        last = _SCAN_NODES - 1 - np.argmax(important[:, ::-1], axis=1)
+        status[any_imp] = 1
+        status[any_imp & ((first == 0) | (last == _SCAN_NODES - 1))] = -1
+        pad = 4 * h_s  # a few scan nodes beyond the outermost important one
+        rows = np.arange(sel.size)
+        new_lo = (u[rows, first] - pad - c) / ell
+        new_hi = (u[rows, last] + pad - c) / ell
+        return status, new_lo, new_hi
+
+    # --------------------------------------------------------------- helpers
+    def _statistics(self, U: np.ndarray) -> list[np.ndarray]:
+        """Sufficient statistics ``(b, G, 2)`` of every variable at unconstrained nodes ``U``."""
+        out = []
+        with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+            for j, i in enumerate(self._latent):
+                out.append(self.families[i].sufficient_statistics_unconstrained(U[..., j]))
+            if self.kind == "deterministic":
+                out.append(self.families[1].sufficient_statistics_unconstrained(self._output_unconstrained(U[..., 0])))
+        return out
 
     def _output_unconstrained(self, u_in: np.ndarray) -> np.ndarray:
         x_in = self.families[0].from_unconstrained(u_in)
         if self.unconstrained_function is not None:
-            return self.unconstrained_function(x_in)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return self.families[1].to_unconstrained(self.function(x_in))
+            return np.asarray(self.unconstrained_function(x_in), dtype=float)
+        return self.families[1].to_unconstrained(np.asarray(self.function(x_in), dtype=float))
 
     def _log_target(self, messages):
-        fams = self._latent_families()
+        """``log_target(U, idx) -> (log density (b, G), unevaluable mask (b, G))`` of the tilted law in ``u``."""
+        fams = [self.families[i] for i in self._latent]
         latent = [messages[i] for i in self._latent]
 
-        def log_target(U: np.ndarray, idx: np.ndarray) -> np.ndarray:
-            # U: (b, G, d) unconstrained latent values for the batch entries idx
-            total = 0.0
+        def log_target(U: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            total = np.zeros(U.shape[:2])
+            bad = np.zeros(U.shape[:2], dtype=bool)
             xs = []
-            for j, (fam, m) in enumerate(zip(fams, latent)):
-                u = U[..., j]
-                total = total + m[idx].logpdf_unconstrained(u)
-                xs.append(fam.from_unconstrained(u))
             with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+                for j, (fam, m) in enumerate(zip(fams, latent)):
+                    u = U[..., j]
+                    total = total + m[idx].logpdf_unconstrained(u)  # density of u: Jacobian included
+                    xs.append(fam.from_unconstrained(u))
                 if self.kind == "deterministic":
                     u_out = self._output_unconstrained(U[..., 0])
-                    total = total + messages[1][idx][:, None].logpdf_at_unconstrained(u_out)
+                    bad |= ~np.isfinite(u_out)  # the output saturated at the edge of its support
+                    factor = messages[1][idx][:, None].logpdf_at_unconstrained(u_out)
                 elif self.observed is not None:
                     obs = np.broadcast_to(self.observed[idx, None], xs[0].shape)
-                    total = total + self.function(obs, tuple(xs))
+                    factor = np.asarray(self.function(obs, tuple(xs)), dtype=float)
                 else:
-                    total = total + self.function(xs[-1], tuple(xs[:-1]))
-            return np.where(np.isnan(total), -np.inf, total)
+                    factor = np.asarray(self.function(xs[-1], tuple(xs[:-1])), dtype=float)
+                bad |= np.isnan(factor) | (factor == np.inf)
+                total = total + factor
+            bad |= np.isnan(total) | (total == np.inf)
+            return np.where(bad, -np.inf, total), bad
 
         return log_target
 
 
-def _grid(n: int, d: int) -> np.ndarray:
-    g = np.linspace(-_WINDOW, _WINDOW, n)
-    return np.stack(np.meshgrid(*([g] * d), indexing="ij"), axis=-1).reshape(-1, d)
+def _grid(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
+    """Tensor grids ``(b, n**d, d)`` with ``n`` uniform nodes per axis on ``[lo, hi]`` (each ``(b, d)``)."""
+    t = np.linspace(0.0, 1.0, n)
+    axes = lo[:, :, None] + (hi - lo)[:, :, None] * t  # (b, d, n)
+    d = lo.shape[1]
+    if d == 1:
+        return axes.swapaxes(1, 2)
+    a0 = np.broadcast_to(axes[:, 0, :, None], (lo.shape[0], n, n))
+    a1 = np.broadcast_to(axes[:, 1, None, :], (lo.shape[0], n, n))
+    return np.stack([a0, a1], axis=-1).reshape(lo.shape[0], n * n, 2)
+
+
+def _dilate(mask: np.ndarray) -> np.ndarray:
+    """``mask`` (b, n[, n]) grown by one node along every grid axis."""
+    out = mask.copy()
+    for ax in range(1, mask.ndim):
+        lead = [slice(None)] * mask.ndim
+        trail = [slice(None)] * mask.ndim
+        lead[ax], trail[ax] = slice(1, None), slice(None, -1)
+        out[tuple(lead)] |= mask[tuple(trail)]
+        out[tuple(trail)] |= mask[tuple(lead)]
+    return out
 
 
 def _moments(U: np.ndarray, logw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted mean ``(B, d)`` and covariance ``(B, d, d)`` of points ``U`` (B, G, d)."""
-    lw = logw - np.max(logw, axis=1, keepdims=True)
-    w = np.exp(lw)
+    """Weighted mean ``(b, d)`` and covariance ``(b, d, d)`` of points ``U`` (b, G, d)."""
+    with np.errstate(invalid="ignore", under="ignore"):
+        lw = logw - np.max(logw, axis=1, keepdims=True)
+        w = np.exp(lw)
     w /= np.sum(w, axis=1, keepdims=True)
     mean = np.einsum("bg,bgi->bi", w, U)
     D = U - mean[:, None, :]
     return mean, np.einsum("bg,bgi,bgj->bij", w, D, D)
-
-
-def _safe_project(fam, ess, name):
-    """Project entry by entry where needed: failures become NaN and are reported, never raised."""
-    ok = np.isfinite(ess).all(axis=-1)
-    natural = np.full(ess.shape[:-1] + (2,), np.nan)
-    if ok.any():
-        try:
-            natural[ok] = fam.project(ess[ok], name).natural
-        except ImproperMessageError:
-            for i in np.flatnonzero(ok):  # rare: isolate the offending entries
-                try:
-                    natural[i] = fam.project(ess[i : i + 1], name).natural[0]
-                except ImproperMessageError:
-                    ok[i] = False
-    return fam.from_natural(natural), ok
