@@ -41,7 +41,7 @@ import numpy as np
 from scipy import special
 
 from pmkjit._random import as_generator
-from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian, family_by_name
+from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian, PointMass, family_by_name
 from pmkjit.families.beta import beta_chebyshev_moments, chebyshev_order
 from pmkjit.features.random_fourier import RandomFourierFeatures, cos_sin
 
@@ -180,8 +180,10 @@ class _MessageFeatures:
         if len(sizes) != 1:
             raise ValueError(f"incoming message batches differ in length: {[len(m) for m in messages]}")
         for i, m in enumerate(messages):
-            if not isinstance(m, (Gaussian, Beta, Gamma)):
-                raise TypeError(f"incoming message {i} is a {type(m).__name__}; expected Gaussian, Beta or Gamma")
+            if not isinstance(m, (Gaussian, Beta, Gamma, PointMass)):
+                raise TypeError(
+                    f"incoming message {i} is a {type(m).__name__}; expected Gaussian, Beta, Gamma or PointMass"
+                )
             if np.ndim(m.natural) != 2:
                 raise ValueError(f"incoming message {i} must be a 1-D batch, got batch shape {m.batch_shape}")
             m.check_proper(f"incoming message {i}")
