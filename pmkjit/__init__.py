@@ -15,6 +15,8 @@ from pmkjit.errors import (
 
 __version__ = "0.1.0"
 
+from pmkjit.fit import EPNotConvergedWarning, fit  # noqa: E402
+
 __all__ = [
     "PmkjitError",
     "ImproperMessageError",
@@ -22,4 +24,6 @@ __all__ = [
     "OperatorFileError",
     "UnsupportedModelError",
     "__version__",
+    "fit",
+    "EPNotConvergedWarning",
 ]

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pmkjit._parallel import for_row_blocks
 from pmkjit._random import as_generator
 from pmkjit.errors import ImproperMessageError, OperatorFileError
 from pmkjit.families import ExponentialFamily, Gaussian, family_by_name
@@ -48,6 +49,9 @@ _FEATURE_CLASSES = {
         _emb.MeanVarianceFeatures,
     )
 }
+# Rows per block of a batched prediction: the block's features (4 MB at D_out = 1000)
+# stay in cache from the feature kernels through the mean and the triangular solve.
+_PREDICT_BLOCK_ROWS = 512
 _DEFAULT_SEARCH = {
     "GaussianJointEmbeddingFeatures": {"inner_scale": (0.5, 1.0, 2.0), "outer_scale": (0.5, 1.0, 2.0)},
     "ExpectedProductFeatures": {"scale": (0.25, 0.5, 1.0, 2.0)},
@@ -101,6 +105,13 @@ class KJITOperator:
         Quantile of held-out epistemic variance that sets each output's threshold.
     holdout : float, default 0.2
         Fraction of the first minibatch held out to calibrate the thresholds.
+    tolerance : float, default 0
+        Predictions whose epistemic standard deviation is below ``tolerance`` in every
+        output are trusted even above the calibrated thresholds: the accuracy the caller
+        needs (EP passes its convergence tolerance). The calibrated thresholds alone
+        measure novelty against the first minibatch, which in EP comes from the first
+        sweep; without a floor, inputs of later sweeps would all look novel however
+        accurate their predictions are.
     random_state : int, Generator or None
         Seeds feature frequencies and the held-out split.
     """
@@ -115,6 +126,7 @@ class KJITOperator:
         relative: bool = True,
         threshold_quantile: float = 0.9,
         holdout: float = 0.2,
+        tolerance: float = 0.0,
         random_state=None,
     ) -> None:
         self.families = tuple(families)
@@ -124,6 +136,7 @@ class KJITOperator:
         self.relative = relative
         self.threshold_quantile = threshold_quantile
         self.holdout = holdout
+        self.tolerance = float(tolerance)
         self.random_state = random_state
         for t in self.targets:
             if not 0 <= t < len(self.families):
@@ -247,12 +260,25 @@ class KJITOperator:
             D = self.features_.n_features_out_
             if getattr(self, "_workspace", np.empty((0, 0))).shape[0] < B or self._workspace.shape[1] != D:
                 self._workspace = np.empty((B, D))
-            Phi = self.features_.transform(messages, out=self._workspace[:B])
-            overwrite = True
+            K = self.n_outputs
+            mean, var = np.empty((B, K)), np.empty((B, K))
+
+            def block(lo: int, hi: int) -> None:
+                # features -> mean -> triangular solve on a block that stays in cache;
+                # for_row_blocks gives each core its own blocks, so no nested threading
+                sub = [m[lo:hi] for m in messages]
+                Phi = self.features_.transform(sub, out=self._workspace[lo:hi], threads=False)
+                m_blk, v_blk = self.regression_.predict(
+                    Phi, return_var=True, include_noise=False, overwrite_features=True
+                )
+                mean[lo:hi] = np.reshape(m_blk, (hi - lo, K))
+                var[lo:hi] = np.reshape(v_blk, (hi - lo, K))
+
+            self.features_._validate(messages, fitting=False)  # fail before any thread starts
+            for_row_blocks(block, B, _PREDICT_BLOCK_ROWS)
         else:
             Phi = self.features_.transform(messages)
-            overwrite = False
-        mean, var = self.regression_.predict(Phi, return_var=True, include_noise=False, overwrite_features=overwrite)
+            mean, var = self.regression_.predict(Phi, return_var=True, include_noise=False)
         self.n_predictions += B
         with np.errstate(over="ignore", invalid="ignore"):
             beliefs = self._decode(mean, messages)
@@ -290,7 +316,7 @@ class KJITOperator:
             _, var = self.predict(messages)
             return KJITResult(answers, var, np.ones(B, bool), good)
         beliefs, var = self.predict(messages)
-        uncertain = np.any(var > self.thresholds_, axis=1)
+        uncertain = np.any(var > np.maximum(self.thresholds_, self.tolerance**2), axis=1)
         accepted = np.ones(B, bool)
         if uncertain.any():
             idx = np.flatnonzero(uncertain)

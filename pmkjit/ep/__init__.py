@@ -1,0 +1,6 @@
+"""Expectation propagation on pmkjit factor graphs: pure, batched sweeps."""
+
+from pmkjit.ep.engine import EPInfo, EPState, init, posterior_moments, sweep
+from pmkjit.ep.store import OperatorStore
+
+__all__ = ["EPState", "EPInfo", "init", "sweep", "posterior_moments", "OperatorStore"]

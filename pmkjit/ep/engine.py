@@ -1,0 +1,289 @@
+"""Parallel, damped expectation propagation on a :class:`~pmkjit.graph.FactorGraph`.
+
+State: one site per (black-box factor instance, latent slot), held as natural
+parameters ``(*, 2)`` of the slot's family (Gaussian sites on linear slots are
+rank-one sites on the joint Gaussian). The posterior approximation is
+
+* ``q(theta) = N(P^{-1} h, P^{-1})`` with ``P = P0 + sum A^T diag(-2 n2) A`` and
+  ``h = h0 + sum A^T (n1 + 2 n2 c)`` over the Gaussian sites ``(n1, n2)`` on
+  ``eta = A theta + c`` (``P0``, ``h0`` from the exact Gaussian factors);
+* for every Beta or Gamma variable, the sum of its conjugate and black-box sites.
+
+A sweep visits the black-box factors one after another; all instances of a factor
+are updated at once (cavity, tilted beliefs, projection, damped site update), with a
+guard that never lets an improper cavity or posterior through: an instance whose
+cavity is improper is skipped, and an update that makes the posterior improper is
+retried with half the damping, then dropped. Each is counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import linalg
+
+from pmkjit.errors import ImproperMessageError, UnsupportedModelError
+from pmkjit.families import Beta, Gamma, Gaussian, PointMass
+from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, FactorGraph, LinearSlot
+
+__all__ = ["EPState", "EPInfo", "init", "sweep", "posterior_moments"]
+
+_MAX_HALVINGS = 4
+
+
+@dataclass
+class EPState:
+    """Sites of every black-box factor and the posterior they imply."""
+
+    sites: list[list[np.ndarray]]
+    mu: np.ndarray
+    chol: np.ndarray
+    element_natural: dict[str, np.ndarray]
+
+
+@dataclass
+class EPInfo:
+    """What one sweep did."""
+
+    max_change: float
+    skipped_improper_cavity: int = 0
+    damping_halvings: int = 0
+    rejected_updates: int = 0
+    unanswered: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class _Prior:
+    """Constant parts of the posterior: exact Gaussian factors and conjugate element sites."""
+
+    def __init__(self, graph: FactorGraph):
+        D = graph.n_theta
+        self.P0 = np.zeros((D, D))
+        self.h0 = np.zeros(D)
+        for t in graph.gaussian_terms:
+            Rw = t.R * t.precision[:, None]
+            self.P0 += t.R.T @ Rw
+            self.h0 += Rw.T @ (t.y - t.c)
+        self.element = {v.name: np.zeros((v.size, 2)) for v in graph.element_variables}
+        for s in graph.element_sites:
+            np.add.at(self.element[s.variable], s.index, s.natural)
+
+
+def init(graph: FactorGraph, rng: np.random.Generator, n_init: int = 4000) -> tuple[EPState, _Prior]:
+    """Initial sites: zero for likelihood factors; prior factors moment matched by forward sampling.
+
+    A latent whose only prior is a black-box factor (say ``s ~ HalfNormal``) would start
+    with an improper posterior; its prior site is therefore initialised by projecting
+    forward samples of the prior (parents drawn from their current approximations, in
+    the model's topological order), as if its cavity were flat.
+    """
+    prior = _Prior(graph)
+    sites = [[np.zeros((s.size, 2)) for s in f.slots] for f in graph.factors]
+    state = EPState(sites, np.zeros(graph.n_theta), np.eye(graph.n_theta), {})
+    for fi, f in enumerate(graph.factors):
+        if f.kind != "prior":
+            continue
+        marg = _marginals(graph, prior, state, f, jitter=True)
+        ins = []
+        for s, m in zip(f.inputs, marg[: len(f.inputs)]):
+            if isinstance(s, DataSlot):
+                ins.append(np.broadcast_to(s.values, (n_init, s.size)))
+            else:
+                ins.append(m.sample(rng, n_init))
+        x = f.sampler(tuple(ins), rng)
+        fam = f.output_family
+        with np.errstate(all="ignore"):
+            stats = fam.sufficient_statistics(x)
+        if fam is Gaussian:
+            natural = Gaussian(x.mean(0), x.var(0) * 4.0).natural  # a broad start: 2 sds
+        else:
+            natural = fam.project(stats.mean(0), f"initial prior of {f.name}").natural
+        sites[fi][-1] = natural
+        state = _posterior(graph, prior, sites, jitter=True)
+    return _posterior(graph, prior, sites, jitter=False, strict=True), prior
+
+
+def _posterior(graph: FactorGraph, prior: _Prior, sites, *, jitter: bool, strict: bool = False) -> EPState:
+    P = prior.P0.copy()
+    h = prior.h0.copy()
+    element = {k: v.copy() for k, v in prior.element.items()}
+    for f, fs in zip(graph.factors, sites):
+        for slot, site in zip(f.slots, fs):
+            if isinstance(slot, LinearSlot):
+                tau = -2.0 * site[:, 1]
+                P += slot.A.T @ (slot.A * tau[:, None])
+                h += slot.A.T @ (site[:, 0] + 2.0 * site[:, 1] * slot.c)
+            else:
+                np.add.at(element[slot.variable], slot.index, site)
+    D = graph.n_theta
+    if jitter and D:
+        P = P + 1e-8 * np.eye(D) * max(1.0, np.abs(np.diag(P)).max(initial=1.0))
+    try:
+        L = np.linalg.cholesky(P) if D else np.zeros((0, 0))
+    except np.linalg.LinAlgError:
+        if strict:
+            raise UnsupportedModelError(_improper_gaussian_message(graph, P)) from None
+        return None
+    mu = linalg.cho_solve((L, True), h) if D else np.zeros(0)
+    if strict:
+        for v in graph.element_variables:
+            fam = v.family.from_natural(element[v.name])
+            if not fam.is_proper().all():
+                raise UnsupportedModelError(
+                    f"{v.name}: its prior is improper ({v.family.name} natural parameters "
+                    f"{element[v.name][~fam.is_proper()][0]}); give it a proper prior"
+                )
+    return EPState(sites, mu, L, element)
+
+
+def _improper_gaussian_message(graph: FactorGraph, P: np.ndarray) -> str:
+    weak = np.flatnonzero(np.diag(P) <= 0)
+    names = sorted({v.name for v in graph.gaussian_variables for i in weak if v.offset <= i < v.offset + v.size})
+    return (
+        f"the prior of {', '.join(names) or 'the real-valued latents'} is improper (e.g. pm.Flat) and EP needs a "
+        "proper starting point; give it a proper prior (e.g. a wide Normal)"
+    )
+
+
+def _marginals(graph: FactorGraph, prior: _Prior, state: EPState, f: BlackBoxFactor, jitter=False) -> list:
+    """Current posterior marginals of a factor's slots (inputs, then a latent output)."""
+    out = []
+    slots = list(f.inputs) + ([f.output] if f.kind == "prior" else [])
+    for s in slots:
+        if isinstance(s, DataSlot):
+            out.append(None)
+        elif isinstance(s, LinearSlot):
+            m = s.A @ state.mu + s.c
+            Z = linalg.solve_triangular(state.chol, s.A.T, lower=True, check_finite=False)
+            v = np.einsum("ij,ij->j", Z, Z)
+            out.append(Gaussian(m, np.maximum(v, 1e-300)))
+        else:
+            out.append(s.family.from_natural(state.element_natural[s.variable][s.index]))
+    return out
+
+
+def posterior_moments(graph: FactorGraph, state: EPState) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Posterior mean and standard deviation of every latent (shaped like the variable)."""
+    out = {}
+    if graph.n_theta:
+        Linv = linalg.solve_triangular(state.chol, np.eye(graph.n_theta), lower=True)
+        sd = np.sqrt(np.einsum("ij,ij->j", Linv, Linv))
+    for v in graph.variables.values():
+        if v.in_gaussian_block:
+            sl = slice(v.offset, v.offset + v.size)
+            out[v.name] = (state.mu[sl].reshape(v.shape), sd[sl].reshape(v.shape))
+        else:
+            q = v.family.from_natural(state.element_natural[v.name])
+            out[v.name] = (q.mean().reshape(v.shape), np.sqrt(q.var()).reshape(v.shape))
+    return out
+
+
+def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Callable], *,
+          damping: float) -> tuple[EPState, EPInfo]:
+    """One parallel EP sweep over every black-box factor.
+
+    Parameters
+    ----------
+    graph, prior, state
+        From :func:`init` or the previous sweep.
+    methods : list of callables
+        One per factor: ``method(messages) -> Answer`` (beliefs of the factor's targets).
+    damping : float in (0, 1]
+        Weight of the new site in the (natural-parameter) update.
+
+    Returns
+    -------
+    (state, info)
+    """
+    info = EPInfo(max_change=0.0)
+    before = _summary(graph, state)
+    sites = [list(s) for s in state.sites]
+    for fi, (f, method) in enumerate(zip(graph.factors, methods)):
+        t0 = time.perf_counter()
+        marg = _marginals(graph, prior, state, f)
+        cav, ok = [], np.ones(f.size, bool)
+        for k, (slot, m) in enumerate(zip(f.slots, [marg[i] for i in f.targets])):
+            c = type(m).from_natural(m.natural - sites[fi][k])
+            cav.append(c)
+            ok &= c.is_proper()
+        info.skipped_improper_cavity += int((~ok).sum())
+        idx = np.flatnonzero(ok)
+        info.seconds["cavity"] = info.seconds.get("cavity", 0.0) + time.perf_counter() - t0
+        if idx.size == 0:
+            continue
+        messages = _messages(f, cav, idx)
+        t1 = time.perf_counter()
+        answer = method(messages)
+        info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t1
+        good = np.asarray(answer.accepted, bool).copy()
+        new = []
+        for k, b in enumerate(answer.beliefs):
+            delta = b.natural - cav[k].natural[idx]
+            good &= np.isfinite(delta).all(axis=1)
+            new.append(delta)
+        info.unanswered += int((~good).sum())
+        use = idx[good]
+        step = damping
+        for _ in range(_MAX_HALVINGS + 1):
+            trial = [list(s) for s in sites]
+            for k in range(len(f.slots)):
+                old = sites[fi][k]
+                upd = old.copy()
+                upd[use] = old[use] + step * (new[k][good] - old[use])
+                trial[fi][k] = upd
+            candidate = _posterior(graph, prior, trial, jitter=False)
+            if candidate is not None and _proper_elements(graph, candidate):
+                sites, state = trial, candidate
+                break
+            info.damping_halvings += 1
+            step *= 0.5
+        else:
+            info.rejected_updates += int(use.size)
+        info.seconds["update"] = info.seconds.get("update", 0.0) + time.perf_counter() - t1
+    state.sites = sites
+    info.max_change = _change(before, _summary(graph, state))
+    return state, info
+
+
+def _messages(f: BlackBoxFactor, cav: list, idx: np.ndarray) -> tuple:
+    """Incoming messages in the operator convention ``(*inputs, output)`` for entries ``idx``."""
+    targets = dict(zip(f.targets, cav))
+    msgs = []
+    for i, s in enumerate(f.inputs):
+        msgs.append(PointMass(s.values[idx]) if isinstance(s, DataSlot) else targets[i][idx])
+    if f.kind == "likelihood":
+        msgs.append(PointMass(f.observed[idx]))
+    elif f.kind == "prior":
+        msgs.append(targets[len(f.inputs)][idx])
+    else:
+        msgs.append(f.output_family.from_natural(f.output_natural[idx]))
+    return tuple(msgs)
+
+
+def _proper_elements(graph: FactorGraph, state: EPState) -> bool:
+    for v in graph.element_variables:
+        if not v.family.from_natural(state.element_natural[v.name]).is_proper().all():
+            return False
+    return True
+
+
+def _summary(graph: FactorGraph, state: EPState) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior means and sds of every scalar latent (the convergence criterion's coordinates)."""
+    mom = posterior_moments(graph, state)
+    if not mom:
+        return np.zeros(0), np.ones(0)
+    return (np.concatenate([m.ravel() for m, _ in mom.values()]),
+            np.concatenate([s.ravel() for _, s in mom.values()]))
+
+
+def _change(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Largest change of a posterior marginal: mean shift in new sds, or change of log sd."""
+    if a[0].size == 0:
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shift = np.abs(b[0] - a[0]) / b[1]
+        scale = np.abs(np.log(b[1]) - np.log(a[1]))
+    return float(np.nanmax(np.concatenate([shift, scale])))

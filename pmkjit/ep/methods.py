@@ -1,0 +1,197 @@
+"""Where a black-box factor's projected tilted beliefs come from.
+
+Every method takes the incoming messages of a batch of factor instances in the
+operator convention ``(*inputs, output)`` (data and observed values as point masses,
+a deterministic factor's output as its constant conjugate message) and returns an
+:class:`~pmkjit.operators.OracleResult`-like answer for the factor's *target*
+variables (its latent slots).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from pmkjit.errors import UnsupportedModelError
+from pmkjit.families import ExponentialFamily, PointMass
+from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
+from pmkjit.operators import ImportanceSamplingOracle, KJITOperator, QuadratureOracle
+
+__all__ = ["FactorOracle", "KJITMethod", "Answer", "quadrature_possible"]
+
+
+class Answer(NamedTuple):
+    """Beliefs of the factor's targets (one batch per target), and which entries are answered."""
+
+    beliefs: tuple
+    accepted: np.ndarray
+
+
+_MAX_DATA_GROUPS = 64
+
+
+def _data_matrix(factor: BlackBoxFactor) -> np.ndarray:
+    cols = [s.values for s in factor.inputs if isinstance(s, DataSlot)]
+    return np.stack(cols, axis=1) if cols else np.zeros((factor.size, 0))
+
+
+def quadrature_possible(factor: BlackBoxFactor) -> bool:
+    """Quadrature handles one or two latent variables, and per-instance data taking few values."""
+    n_data_groups = np.unique(_data_matrix(factor), axis=0).shape[0]
+    if n_data_groups > _MAX_DATA_GROUPS:
+        return False
+    n_inputs = len(factor.latent_inputs)
+    if factor.kind == "deterministic":
+        return n_inputs == 1 and factor.density_source == "deterministic"
+    n_latent = n_inputs + (1 if factor.kind == "prior" else 0)
+    return factor.logp is not None and 1 <= n_latent <= 2
+
+
+class FactorOracle:
+    """Quadrature or importance-sampling oracle for one black-box factor.
+
+    Parameters
+    ----------
+    factor : BlackBoxFactor
+    kind : {"quadrature", "importance"}
+    n_samples : int
+        Importance samples per message tuple.
+    rng : numpy.random.Generator
+    """
+
+    def __init__(self, factor: BlackBoxFactor, kind: str, *, n_samples: int = 100_000,
+                 rng: np.random.Generator):
+        if kind == "quadrature" and not quadrature_possible(factor):
+            raise UnsupportedModelError(
+                f"{factor.name}: quadrature needs one or two latent variables, a density and no per-instance "
+                f"data; this factor ({factor.description}) has {len(factor.inputs)} inputs"
+            )
+        if kind == "importance" and not factor.latent_inputs and factor.kind != "prior":
+            raise UnsupportedModelError(f"{factor.name}: importance sampling needs a latent variable")
+        self.factor = factor
+        self.kind = kind
+        self.n_samples = int(n_samples)
+        self.rng = rng
+        self.n_calls = 0
+
+    def __call__(self, messages: Sequence[ExponentialFamily]) -> Answer:
+        f = self.factor
+        messages = tuple(messages)
+        B = len(messages[0])
+        self.n_calls += B
+        latent = f.latent_inputs
+        data = {i: messages[i].value for i, s in enumerate(f.inputs) if isinstance(s, DataSlot)}
+        fams = [f.inputs[i].family for i in latent]
+        msgs = [messages[i] for i in latent]
+        observed = messages[-1].value if f.kind == "likelihood" else None
+        if f.kind != "likelihood":
+            fams.append(f.output_family)
+            msgs.append(messages[-1])
+
+        def full(ins):
+            shape = np.shape(ins[0]) if len(ins) else (1, B)
+            it = iter(ins)
+            return tuple(np.broadcast_to(data[i], shape) if i in data else next(it) for i in range(len(f.inputs)))
+
+        if self.kind == "quadrature" or not latent:
+            # a factor with no latent input (a prior with constant parameters) is a 1-D integral
+            beliefs, accepted = self._quadrature(msgs, fams, observed, data, B)
+        else:
+            sampler = (lambda ins, rng: f.sampler(full(ins), rng))
+            logp = None if f.logp is None else (lambda x, ins: f.logp(x, full(ins)))
+            oracle = ImportanceSamplingOracle(sampler, fams, logp=logp, observed=observed,
+                                              n_samples=self.n_samples, random_state=self.rng)
+            result = oracle(msgs)
+            beliefs, accepted = result.beliefs, np.asarray(result.accepted, bool)
+        # beliefs in target order: latent inputs, then a latent output
+        out = list(beliefs[: len(latent)])
+        if f.kind == "prior":
+            out.append(beliefs[-1])
+        return Answer(tuple(out), accepted)
+
+    def _quadrature(self, msgs, fams, observed, data: dict, B: int):
+        """Quadrature, one call per distinct row of per-instance data (few: checked at construction)."""
+        f = self.factor
+        keys = sorted(data)
+        table = np.stack([data[k] for k in keys], axis=1) if keys else np.zeros((B, 0))
+        rows, group = np.unique(table, axis=0, return_inverse=True)
+        group = np.ravel(group)
+        naturals = [np.full((B, 2), np.nan) for _ in fams]
+        accepted = np.zeros(B, bool)
+        for g, row in enumerate(rows):
+            sel = np.flatnonzero(group == g)
+            consts = dict(zip(keys, row))
+
+            def full(ins, shape, _c=consts):
+                it = iter(ins)
+                return tuple(np.full(shape, _c[i]) if i in _c else next(it) for i in range(len(f.inputs)))
+
+            if f.kind == "deterministic":
+                fn = f.scipy_function or (lambda x, _full=full: f.function(_full((x,), np.shape(x)), None))
+                oracle = QuadratureOracle(fn, fams, kind="deterministic")
+            else:
+                def density(x, ins, _full=full):
+                    return f.logp(x, _full(tuple(ins), np.shape(x)))
+                obs = None if observed is None else observed[sel]
+                oracle = QuadratureOracle(density, fams, kind="density", observed=obs)
+            result = oracle(tuple(m[sel] for m in msgs))
+            for k, b in enumerate(result.beliefs):
+                naturals[k][sel] = b.natural
+            accepted[sel] = result.accepted
+        return tuple(fam.from_natural(n) for fam, n in zip(fams, naturals)), accepted
+
+    def as_operator_oracle(self):
+        """The oracle in the form a :class:`KJITOperator` calls: beliefs of every variable."""
+
+        def call(messages):
+            ans = self(messages)
+            beliefs = list(messages)
+            for t, b in zip(self.factor.targets, ans.beliefs):
+                beliefs[t] = b
+            return Answer(tuple(beliefs), ans.accepted)
+
+        return call
+
+
+class KJITMethod:
+    """A KJIT operator in front of a :class:`FactorOracle`.
+
+    The first call fits the operator on the oracle's answers to at most
+    ``first_batch`` randomly chosen message tuples, then answers the whole batch
+    (confident predictions from the operator, the rest from the oracle).
+    """
+
+    def __init__(self, factor: BlackBoxFactor, oracle: FactorOracle, operator: KJITOperator | None, *,
+                 first_batch: int = 1000, tolerance: float = 1e-3, rng: np.random.Generator):
+        self.factor = factor
+        self.oracle = oracle
+        self.operator = operator if operator is not None else KJITOperator(
+            factor.families, targets=factor.targets, random_state=int(rng.integers(2**63 - 1))
+        )
+        self.operator.tolerance = float(tolerance)
+        self.first_batch = int(first_batch)
+        self.rng = rng
+        self.last_variance: np.ndarray | None = None
+
+    @property
+    def fitted(self) -> bool:
+        return hasattr(self.operator, "regression_")
+
+    def __call__(self, messages: Sequence[ExponentialFamily]) -> Answer:
+        messages = tuple(messages)
+        B = len(messages[0])
+        call = self.oracle.as_operator_oracle()
+        if not self.fitted:
+            n = min(B, self.first_batch)
+            sub = np.sort(self.rng.choice(B, n, replace=False)) if n < B else np.arange(B)
+            self.operator(tuple(m[sub] for m in messages), call)
+        result = self.operator(messages, call)
+        self.last_variance = result.variance
+        return Answer(tuple(result.beliefs), np.asarray(result.accepted, bool))
+
+
+def point_masses(values: np.ndarray) -> PointMass:
+    """Observed values or per-instance data as a batch of point masses."""
+    return PointMass(np.asarray(values, dtype=float))

@@ -1,0 +1,264 @@
+"""``pmkjit.fit``: expectation propagation on a PyMC model, returned as ArviZ InferenceData."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import xarray as xr
+from pymc.backends.arviz import coords_and_dims_for_inferencedata, find_constants, find_observations
+
+from pmkjit._random import RandomState, as_generator
+from pmkjit.ep import engine
+from pmkjit.ep.methods import FactorOracle, KJITMethod, quadrature_possible
+from pmkjit.ep.store import OperatorStore
+from pmkjit.errors import UnsupportedModelError
+from pmkjit.graph import build_factor_graph
+
+__all__ = ["fit", "EPNotConvergedWarning"]
+
+_METHODS = ("kjit", "oracle", "quadrature")
+_ORACLES = ("auto", "quadrature", "importance")
+
+
+class EPNotConvergedWarning(UserWarning):
+    """EP stopped at ``max_sweeps`` before the posterior stopped changing."""
+
+
+def fit(
+    *,
+    model: pm.Model | None = None,
+    draws: int = 1000,
+    chains: int = 2,
+    random_seed: RandomState = None,
+    progressbar: bool = True,
+    method: str = "kjit",
+    oracle: str = "auto",
+    operators: str | Path | None = None,
+    damping: float = 0.5,
+    max_sweeps: int = 50,
+    tol: float = 1e-3,
+    n_importance_samples: int = 100_000,
+    compute_log_likelihood: bool = True,
+) -> az.InferenceData:
+    """Fit a PyMC model by expectation propagation with just-in-time learned messages.
+
+    Parameters
+    ----------
+    model : pymc.Model, optional
+        Taken from the context when omitted.
+    draws, chains : int
+        Independent draws from the EP posterior, arranged as ``chains x draws`` so
+        that ArviZ summaries and comparisons work as for MCMC output.
+    random_seed : int, Generator or None
+        Seeds every random choice (KJIT features, oracles, posterior draws).
+    progressbar : bool
+        Show a progress bar over EP sweeps.
+    method : {"kjit", "oracle", "quadrature"}
+        Tilted moments of black-box factors: a KJIT operator in front of an oracle
+        (default), the oracle alone (importance sampling), or quadrature (one or two
+        latent variables per factor only).
+    oracle : {"auto", "quadrature", "importance"}
+        The oracle behind KJIT operators; ``"auto"`` uses quadrature where a factor
+        allows it and importance sampling elsewhere.
+    operators : path, optional
+        Directory of learned KJIT operators: operators found there are loaded (so a
+        second fit of a similar model needs few or no oracle calls) and all operators
+        are written back after the fit.
+    damping : float in (0, 1]
+        Weight of new sites in each EP update.
+    max_sweeps : int
+    tol : float
+        Convergence: largest change of a posterior mean (in posterior sds) or log sd
+        between sweeps.
+    n_importance_samples : int
+        Samples per message tuple of the importance-sampling oracle.
+    compute_log_likelihood : bool
+        Add the ``log_likelihood`` group (needed by ``az.compare`` / ``az.loo``).
+
+    Returns
+    -------
+    arviz.InferenceData
+        Groups ``posterior`` (with the model's coords, dims and deterministics),
+        ``log_likelihood``, ``observed_data``, ``constant_data`` and ``ep`` (sweeps,
+        convergence trace, guard events, oracle calls and time in each part).
+
+    Raises
+    ------
+    UnsupportedModelError
+        Naming the variable and the reason when the model is outside what pmkjit
+        supports.
+    """
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if oracle not in _ORACLES:
+        raise ValueError(f"oracle must be one of {_ORACLES}, got {oracle!r}")
+    if not 0.0 < damping <= 1.0:
+        raise ValueError(f"damping must be in (0, 1], got {damping}")
+    model = pm.modelcontext(model)
+    rng = as_generator(random_seed)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
+    timings["graph"] = time.perf_counter() - t0
+
+    store = OperatorStore(operators) if operators is not None else None
+    methods, kjits, oracles = _methods(graph, method, oracle, store, n_importance_samples, tol, rng)
+    t0 = time.perf_counter()
+    state, prior = engine.init(graph, rng)
+    timings["init"] = time.perf_counter() - t0
+
+    trace, events = [], {"skipped_improper_cavity": 0, "damping_halvings": 0, "rejected_updates": 0,
+                         "unanswered": 0}
+    converged = not graph.factors
+    sweeps = 0
+    t_ep = time.perf_counter()
+    with _progress(progressbar, max_sweeps if graph.factors else 0) as advance:
+        for sweeps in range(1, (max_sweeps if graph.factors else 0) + 1):
+            state, info = engine.sweep(graph, prior, state, methods, damping=damping)
+            trace.append(info.max_change)
+            for k in events:
+                events[k] += getattr(info, k)
+            for k, v in info.seconds.items():
+                timings[k] = timings.get(k, 0.0) + v
+            advance(info.max_change)
+            if info.max_change < tol:
+                converged = True
+                break
+    timings["ep"] = time.perf_counter() - t_ep
+    if not converged:
+        warnings.warn(
+            f"EP did not converge in {max_sweeps} sweeps (last change {trace[-1]:.2g} > tol={tol:g}); "
+            "raise max_sweeps or lower damping",
+            EPNotConvergedWarning,
+            stacklevel=2,
+        )
+    if store is not None:
+        for f, k in zip(graph.factors, kjits):
+            if k is not None and k.fitted:
+                store.save(f, k.operator)
+
+    t0 = time.perf_counter()
+    idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
+    timings["draws"] = time.perf_counter() - t0
+    ep = _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, method)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "ep" is not one of ArviZ's schema groups
+        idata.add_groups({"ep": ep})
+    return idata
+
+
+def _methods(graph, method, oracle, store, n_samples, tol, rng):
+    methods, kjits, oracles = [], [], []
+    for f in graph.factors:
+        sub = np.random.default_rng(rng.integers(2**63 - 1))
+        can_quad = quadrature_possible(f)
+        if method == "quadrature" and not can_quad:
+            raise UnsupportedModelError(
+                f"{f.name}: method='quadrature' needs factors with one or two latent variables and a density; "
+                f"{f.description} has {len(f.latent_inputs)} latent inputs (use method='kjit' or 'oracle')"
+            )
+        if method == "quadrature" or not f.latent_inputs:
+            kind = "quadrature"
+        elif method == "oracle":
+            kind = "importance"
+        else:
+            kind = "quadrature" if (oracle == "quadrature" or (oracle == "auto" and can_quad)) else "importance"
+            if oracle == "quadrature" and not can_quad:
+                raise UnsupportedModelError(f"{f.name}: oracle='quadrature' is not possible for {f.description}")
+        orc = FactorOracle(f, kind, n_samples=n_samples, rng=sub)
+        oracles.append(orc)
+        if method == "kjit" and f.latent_inputs:
+            op = store.load(f) if store is not None else None
+            k = KJITMethod(f, orc, op, tolerance=tol, rng=sub)
+            kjits.append(k)
+            methods.append(k)
+        else:
+            kjits.append(None)
+            methods.append(orc)
+    return methods, kjits, oracles
+
+
+class _progress:
+    """A rich progress bar over sweeps (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled = enabled and total > 0
+        self.total = total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda change: None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("EP sweeps"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                 TextColumn("change {task.fields[change]}"), TimeElapsedColumn())
+        self.progress.__enter__()
+        task = self.progress.add_task("ep", total=self.total, change="-")
+
+        def advance(change: float) -> None:
+            self.progress.update(task, advance=1, change=f"{change:.2e}")
+
+        return advance
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.progress.__exit__(*exc)
+        return False
+
+
+def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.InferenceData:
+    posterior = {}
+    n = draws * chains
+    if graph.n_theta:
+        z = rng.standard_normal((n, graph.n_theta))
+        from scipy.linalg import solve_triangular
+
+        theta = state.mu + solve_triangular(state.chol, z.T, lower=True, trans="T").T
+    for v in graph.variables.values():
+        if v.in_gaussian_block:
+            x = theta[:, v.offset : v.offset + v.size]
+        else:
+            q = v.family.from_natural(state.element_natural[v.name])
+            x = q.sample(rng, n)
+        posterior[v.name] = x.reshape((chains, draws) + v.shape)
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        idata = az.from_dict(
+            posterior=posterior,
+            observed_data={k: np.asarray(v) for k, v in find_observations(model).items()},
+            constant_data={k: np.asarray(v) for k, v in find_constants(model).items()},
+            coords=coords,
+            dims=dims,
+        )
+        det = pm.compute_deterministics(idata.posterior, model=model, merge_dataset=True, progressbar=False)
+        idata.posterior = det
+        if with_loglik and model.observed_RVs:
+            pm.compute_log_likelihood(idata, model=model, progressbar=False)
+    return idata
+
+
+def _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, method) -> xr.Dataset:
+    names = [f.description for f in graph.factors]
+    data = {
+        "convergence": (("sweep",), np.asarray(trace, dtype=float)),
+        "oracle_calls": (("factor",), np.asarray([o.n_calls for o in oracles], dtype=int)),
+        "kjit_predictions": (("factor",), np.asarray(
+            [k.operator.n_predictions if k is not None else 0 for k in kjits], dtype=int)),
+        "factor_size": (("factor",), np.asarray([f.size for f in graph.factors], dtype=int)),
+    }
+    attrs = {
+        "sweeps": int(sweeps),
+        "converged": int(converged),
+        "method": method,
+        **{k: int(v) for k, v in events.items()},
+        **{f"seconds_{k}": float(v) for k, v in timings.items()},
+        "factor_graph": graph.summary(),
+        "weights": "; ".join(f"{f.name}: {f.density_source}" for f in graph.factors),
+    }
+    return xr.Dataset(data, coords={"sweep": np.arange(1, len(trace) + 1), "factor": names}, attrs=attrs)

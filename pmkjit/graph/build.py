@@ -1,0 +1,642 @@
+"""Turn a PyMC model into a :class:`~pmkjit.graph.factor_graph.FactorGraph`.
+
+Each distribution parameter of each random variable is decomposed top-down:
+
+* no latent ancestors: a constant (a scalar, or per-instance data);
+* affine in the real-valued latents (checked numerically, see
+  :func:`~pmkjit.graph.pytensor_tools.affine_coefficients`): a linear slot;
+* a (possibly indexed or broadcast) positive or unit-interval latent: an element slot;
+* an elementwise operation: decomposed further into its inputs.
+
+The parameters are then an elementwise function of those slots, which is rebuilt on
+flat vectors (one entry per factor instance and sample) so that it can be evaluated on
+any batch. Recognised conjugate forms become exact factors; everything else becomes a
+black-box factor with a forward sampler and, where PyMC can derive one, a log-density.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+from pymc.distributions.custom import CustomSymbolicDistRV
+from pymc.distributions.shape_utils import _change_dist_size
+from pymc.distributions.simulator import SimulatorRV
+from pymc.pytensorf import find_rng_nodes, reseed_rngs
+from pytensor.graph.basic import Constant, Variable
+from pytensor.compile.ops import ViewOp
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.shape import SpecifyShape
+from pytensor.tensor.random.op import RandomVariable
+from pytensor.tensor.sharedvar import TensorSharedVariable
+from pytensor.tensor.type_other import NoneConst
+
+from pmkjit.errors import UnsupportedModelError
+from pmkjit.families import Beta, Gamma, Gaussian
+from pmkjit.graph.factor_graph import (
+    BlackBoxFactor,
+    DataSlot,
+    ElementSite,
+    ElementSlot,
+    FactorGraph,
+    GaussianTerm,
+    LatentVariable,
+    LinearSlot,
+)
+from pmkjit.graph.pytensor_tools import affine_coefficients, compile_function, evaluate_constant, latent_ancestors
+
+__all__ = ["build_factor_graph"]
+
+# Conjugate observations of a parameter: distribution op -> (parameter position, family,
+# natural parameters of the message as a function of the observation and the other
+# (constant) parameters, and the map from the PyMC parameter to the family's variable).
+_CONJUGATE = {
+    "BernoulliRV": (0, Beta, lambda y, params: np.stack([y, 1.0 - y], -1), "identity"),
+    "BinomialRV": (1, Beta, lambda y, params: np.stack([y, params[0] - y], -1), "identity"),
+    "PoissonRV": (0, Gamma, lambda y, params: np.stack([y, -np.ones_like(y)], -1), "identity"),
+    "ExponentialRV": (0, Gamma, lambda y, params: np.stack([np.ones_like(y), -y], -1), "reciprocal"),
+    "GammaRV": (1, Gamma, lambda y, params: np.stack([params[0] + 0.0 * y, -y], -1), "reciprocal"),
+    "NormalRV": (1, Gamma, lambda y, params: np.stack([0.5 + 0.0 * y, -0.5 * (y - params[0]) ** 2], -1), "rsqrt"),
+}
+# Observations whose conjugate parameter may be a nonlinear function of latents: the
+# paper's split into a deterministic factor and an analytic observation.
+_SPLIT = ("BernoulliRV", "BinomialRV", "PoissonRV")
+_STRUCTURAL = {
+    "identity": lambda u: u,
+    "reciprocal": lambda u: 1.0 / u,
+    "rsqrt": lambda u: 1.0 / np.sqrt(u),
+}
+
+
+def build_factor_graph(model: pm.Model, random_seed: int | None = 0) -> FactorGraph:
+    """Extract the factor graph of ``model``.
+
+    Parameters
+    ----------
+    model : pymc.Model
+    random_seed : int, optional
+        Seeds the random points of the linearity checks.
+
+    Returns
+    -------
+    FactorGraph
+
+    Raises
+    ------
+    UnsupportedModelError
+        Naming the variable at fault and the reason (discrete latents, potentials,
+        missing data, latents outside the reals / (0, 1) / (0, inf), parameters that
+        depend on latents through non-elementwise operations, multivariate factors).
+    """
+    return _Builder(model, np.random.default_rng(random_seed)).build()
+
+
+class _Builder:
+    def __init__(self, model: pm.Model, rng: np.random.Generator):
+        self.model = model
+        self.rng = rng
+        self.variables: dict[str, LatentVariable] = {}
+        self.rv_of: dict[str, Variable] = {}
+        self.graph: FactorGraph | None = None
+
+    # -------------------------------------------------------------- variables
+    def build(self) -> FactorGraph:
+        model = self.model
+        if model.potentials:
+            names = [p.name or str(p) for p in model.potentials]
+            raise UnsupportedModelError(
+                f"pm.Potential terms {names} are not supported: pmkjit needs each factor as a distribution it "
+                "can sample from (write the term as an observed pm.CustomDist instead)"
+            )
+        offset = 0
+        for rv in model.free_RVs:
+            family = self._family(rv)
+            shape = tuple(int(s) for s in evaluate_constant(rv.shape))
+            var = LatentVariable(rv.name, family, shape, offset if family is Gaussian else -1)
+            if family is Gaussian:
+                offset += var.size
+            self.variables[rv.name] = var
+            self.rv_of[rv.name] = rv
+        self.graph = FactorGraph(variables=self.variables, n_theta=offset)
+        self.latent_rvs = list(model.free_RVs)
+        self.block = [
+            (self.rv_of[v.name], slice(v.offset, v.offset + v.size), v.shape)
+            for v in self.variables.values()
+            if v.in_gaussian_block
+        ]
+        for rv in model.free_RVs:
+            self._prior(rv)
+        for rv in model.observed_RVs:
+            self._likelihood(rv)
+        return self.graph
+
+    def _family(self, rv: Variable) -> type:
+        name = rv.name
+        if "unobserved" in name and any(name.startswith(o.name) for o in self.model.observed_RVs):
+            raise UnsupportedModelError(
+                f"{name}: the observed data contain missing values (PyMC imputes them as latent variables); "
+                "pmkjit needs complete data: drop or fill the NaN entries"
+            )
+        if rv.dtype.startswith(("int", "uint", "bool")):
+            raise UnsupportedModelError(
+                f"{name} is a discrete latent variable ({type(rv.owner.op).__name__}); EP in pmkjit needs continuous "
+                "latents (marginalise it out, e.g. with pm.Mixture)"
+            )
+        op = rv.owner.op
+        if getattr(op, "ndim_supp", 0) > 1:
+            raise UnsupportedModelError(f"{name}: matrix-valued latent variables are not supported")
+        transform = self.model.rvs_to_transforms.get(rv)
+        tname = type(transform).__name__ if transform is not None else None
+        if tname is None:
+            if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",):
+                raise UnsupportedModelError(
+                    f"{name}: multivariate latent {type(op).__name__} is not supported (only MvNormal)"
+                )
+            return Gaussian
+        if tname == "LogTransform":
+            return Gamma
+        if tname == "LogOddsTransform":
+            return Beta
+        if tname == "Interval":
+            lower, upper = (np.asarray(evaluate_constant(pt.as_tensor(b))) if b is not None else None
+                            for b in transform.args_fn(*rv.owner.inputs))
+            if lower is not None and upper is not None and np.all(lower == 0) and np.all(upper == 1):
+                return Beta
+            if lower is not None and upper is None and np.all(lower == 0):
+                return Gamma
+            raise UnsupportedModelError(
+                f"{name} lives on an interval other than (0, 1) or (0, inf); rescale it to (0, 1) "
+                "(e.g. a Beta or Uniform(0, 1) variable and a Deterministic)"
+            )
+        raise UnsupportedModelError(
+            f"{name} has transform {tname}; pmkjit supports latents on the reals, (0, 1) and (0, inf)"
+        )
+
+    # ---------------------------------------------------------- decomposition
+    def _decompose(self, var: Variable, plate: tuple[int, ...], owner: str) -> dict:
+        """Leaves of ``var``: {id: (leaf variable, slot or scalar constant)} plus the rebuild order."""
+        leaves: dict[int, tuple[Variable, object]] = {}
+        self._walk(var, plate, owner, leaves, seen=set())
+        return leaves
+
+    def _walk(self, var: Variable, plate, owner: str, leaves: dict, seen: set) -> None:
+        if id(var) in seen:
+            return
+        seen.add(id(var))
+        deps = latent_ancestors(var, self.latent_rvs)
+        if not deps:
+            value = evaluate_constant(var)
+            if value.size == 1:
+                leaves[id(var)] = (var, float(value.reshape(())))
+            else:
+                leaves[id(var)] = (var, DataSlot(self._broadcast(value, plate, owner, var), _label(var)))
+            return
+        dep_vars = [self.variables[d.name] for d in deps]
+        if all(v.in_gaussian_block for v in dep_vars):
+            affine = affine_coefficients(var, self.block, self.graph.n_theta, plate, self.rng)
+            if affine is not None:
+                leaves[id(var)] = (var, LinearSlot(affine[0], affine[1], _label(var)))
+                return
+        if len(deps) == 1 and not dep_vars[0].in_gaussian_block:
+            index = self._element_index(var, deps[0], plate)
+            if index is not None:
+                leaves[id(var)] = (var, ElementSlot(deps[0].name, index, dep_vars[0].family, _label(var)))
+                return
+        node = var.owner
+        if node is not None and isinstance(node.op, Elemwise):
+            for inp in node.inputs:
+                self._walk(inp, plate, owner, leaves, seen)
+            return
+        if node is not None and _pass_through(node.op):
+            self._walk(node.inputs[0], plate, owner, leaves, seen)
+            return
+        op_name = type(node.op).__name__ if node is not None else "an input"
+        raise UnsupportedModelError(
+            f"{owner}: its parameters depend on latent {', '.join(d.name for d in deps)} through {op_name} "
+            f"({_label(var)}), which is neither affine in the real-valued latents nor elementwise; pmkjit "
+            "needs each observation's parameters to be an elementwise function of linear predictors and "
+            "scalar latents"
+        )
+
+    def _element_index(self, var: Variable, rv: Variable, plate) -> np.ndarray | None:
+        """Indices into ``rv`` if ``var`` only selects or broadcasts its elements."""
+        size = self.variables[rv.name].size
+        shape = self.variables[rv.name].shape
+        probe = pt.vector("probe", shape=(size,))
+        expr = pytensor.clone_replace(var, {rv: probe.reshape(shape)})
+        try:
+            f = compile_function([probe], expr)
+            base = np.arange(size, dtype=float)
+            idx = np.broadcast_to(np.asarray(f(base), dtype=float), plate)
+            moved = np.broadcast_to(np.asarray(f(2.0 * base + 1.0), dtype=float), plate)
+        except (ValueError, TypeError):
+            return None
+        if not np.array_equal(moved, 2.0 * idx + 1.0) or not np.array_equal(idx, np.round(idx)):
+            return None
+        return idx.astype(np.int64).ravel()
+
+    def _broadcast(self, value: np.ndarray, plate, owner: str, var) -> np.ndarray:
+        try:
+            return np.broadcast_to(np.asarray(value, dtype=float), plate).ravel().copy()
+        except ValueError:
+            raise UnsupportedModelError(
+                f"{owner}: parameter {_label(var)} of shape {np.shape(value)} does not broadcast to the "
+                f"variable's shape {plate}"
+            ) from None
+
+    def _rebuild(self, params: Sequence[Variable], leaves: dict) -> tuple[list, list, list[Variable]]:
+        """Parameters as graphs of flat vectors: (inputs in slot order, slots, flat parameter graphs)."""
+        inputs, slots, memo = [], [], {}
+        for key, (leaf, slot) in leaves.items():
+            if isinstance(slot, float):
+                memo[key] = pt.constant(slot)
+            else:
+                v = pt.vector(f"in{len(inputs)}")
+                memo[key] = v
+                inputs.append(v)
+                slots.append(slot)
+
+        def rebuild(var: Variable) -> Variable:
+            if id(var) in memo:
+                return memo[id(var)]
+            node = var.owner
+            if _pass_through(node.op):
+                out = rebuild(node.inputs[0])
+            else:
+                out = node.op(*[rebuild(i) for i in node.inputs])
+                if isinstance(out, (list, tuple)):
+                    out = out[node.outputs.index(var)]
+            memo[id(var)] = out
+            return out
+
+        return inputs, slots, [rebuild(p) for p in params]
+
+    # ---------------------------------------------------------------- factors
+    def _prior(self, rv: Variable) -> None:
+        var = self.variables[rv.name]
+        plate = var.shape
+        op = rv.owner.op
+        params = list(op.dist_params(rv.owner))
+        opname = type(op).__name__
+        if opname in ("FlatRV", "HalfFlatRV"):
+            self.graph.improper_prior.append(rv.name)
+            return
+        if var.in_gaussian_block:
+            if opname == "NormalRV" and self._try_gaussian_term(rv, params, prior=True):
+                return
+            if opname == "MvNormalRV":
+                self._mvnormal_prior(rv, params)
+                return
+        else:
+            consts = [self._constant(p) for p in params]
+            if all(c is not None for c in consts):
+                natural = _conjugate_prior(opname, var.family, consts)
+                if natural is not None:
+                    natural = np.broadcast_to(natural, plate + (2,)).reshape(-1, 2)
+                    self.graph.element_sites.append(
+                        ElementSite(f"prior of {rv.name}", rv.name, np.arange(var.size), natural.copy())
+                    )
+                    return
+        if getattr(op, "ndim_supp", 0) != 0:
+            raise UnsupportedModelError(f"{rv.name}: multivariate prior {opname} with random parameters")
+        output = (
+            LinearSlot(_unit_rows(var, self.graph.n_theta), np.zeros(var.size), rv.name)
+            if var.in_gaussian_block
+            else ElementSlot(rv.name, np.arange(var.size), var.family, rv.name)
+        )
+        self._black_box(rv, params, plate, kind="prior", output=output)
+
+    def _likelihood(self, rv: Variable) -> None:
+        op = rv.owner.op
+        opname = type(op).__name__
+        y = np.asarray(self.model.rvs_to_values[rv].data if hasattr(self.model.rvs_to_values[rv], "data")
+                       else evaluate_constant(self.model.rvs_to_values[rv]), dtype=float)
+        if not np.all(np.isfinite(y)):
+            bad = np.argwhere(~np.isfinite(y))[0].tolist()
+            raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
+        if getattr(op, "ndim_supp", 0) != 0:
+            raise UnsupportedModelError(
+                f"{rv.name}: multivariate likelihood {opname} is not supported; write it elementwise"
+            )
+        plate = y.shape
+        params = list(op.dist_params(rv.owner))
+        if not any(latent_ancestors(p, self.latent_rvs) for p in params):
+            return  # no latent parameter: a constant factor
+        if opname == "NormalRV" and self._try_gaussian_term(rv, params, prior=False, y=y):
+            return
+        if opname in _CONJUGATE and self._try_conjugate(rv, opname, params, y):
+            return
+        if opname in _SPLIT and self._try_split(rv, opname, params, y):
+            return
+        self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
+
+    def _constant(self, p: Variable) -> np.ndarray | None:
+        if latent_ancestors(p, self.latent_rvs):
+            return None
+        return evaluate_constant(p)
+
+    def _try_gaussian_term(self, rv, params, *, prior: bool, y=None) -> bool:
+        mu, sigma = params
+        sigma_v = self._constant(sigma)
+        if sigma_v is None:
+            return False
+        plate = self.variables[rv.name].shape if prior else y.shape
+        mu_v = self._constant(mu)
+        D = self.graph.n_theta
+        B = int(np.prod(plate, dtype=int))
+        if mu_v is not None:
+            A, c = np.zeros((B, D)), self._broadcast(mu_v, plate, rv.name, mu)
+        else:
+            deps = latent_ancestors(mu, self.latent_rvs)
+            if not all(self.variables[d.name].in_gaussian_block for d in deps):
+                return False
+            affine = affine_coefficients(mu, self.block, D, plate, self.rng)
+            if affine is None:
+                return False
+            A, c = affine
+        prec = 1.0 / self._broadcast(sigma_v, plate, rv.name, sigma) ** 2
+        if prior:
+            R, target = _unit_rows(self.variables[rv.name], self.graph.n_theta) - A, np.zeros(B)
+            c = -c
+        else:
+            R, target = A, y.ravel()
+        name = f"prior of {rv.name}" if prior else f"likelihood of {rv.name}"
+        self.graph.gaussian_terms.append(GaussianTerm(name, R, c, target, prec))
+        return True
+
+    def _mvnormal_prior(self, rv, params) -> None:
+        mu, cov = params
+        mu_v, cov_v = self._constant(mu), self._constant(cov)
+        var = self.variables[rv.name]
+        if mu_v is None or cov_v is None or cov_v.ndim != 2 or len(var.shape) != 1:
+            raise UnsupportedModelError(
+                f"{rv.name}: MvNormal latents need a constant mean and covariance (one vector, no batch)"
+            )
+        L = np.linalg.cholesky(cov_v)
+        # whiten: L^{-1} (x - mu) ~ N(0, I), rows of L^{-1} E_x by a triangular solve
+        from scipy.linalg import solve_triangular
+
+        R = solve_triangular(L, _unit_rows(var, self.graph.n_theta), lower=True)
+        c = -solve_triangular(L, np.broadcast_to(mu_v, var.shape), lower=True)
+        self.graph.gaussian_terms.append(
+            GaussianTerm(f"prior of {rv.name}", R, c, np.zeros(var.size), np.ones(var.size))
+        )
+
+    def _try_conjugate(self, rv, opname, params, y) -> bool:
+        pos, family, natural_fn, link = _CONJUGATE[opname]
+        others = [self._constant(p) for i, p in enumerate(params) if i != pos]
+        if any(o is None for o in others):
+            return False
+        deps = latent_ancestors(params[pos], self.latent_rvs)
+        if len(deps) != 1 or self.variables[deps[0].name].family is not family:
+            return False
+        index = self._linked_index(params[pos], deps[0], y.shape, link)
+        if index is None:
+            return False
+        others = [np.broadcast_to(o, y.shape).ravel() for o in others]
+        natural = natural_fn(y.ravel(), others)
+        self.graph.element_sites.append(ElementSite(f"likelihood of {rv.name}", deps[0].name, index, natural))
+        return True
+
+    def _linked_index(self, var, rv, plate, link: str) -> np.ndarray | None:
+        """Indices ``i`` with ``var = link(rv[i])`` elementwise, if ``var`` is such a selection."""
+        size = self.variables[rv.name].size
+        probe = pt.vector("probe", shape=(size,))
+        expr = pytensor.clone_replace(var, {rv: probe.reshape(self.variables[rv.name].shape)})
+        f = compile_function([probe], expr)
+        base = 1.0 + np.arange(size, dtype=float)
+        try:
+            got = np.broadcast_to(np.asarray(f(base), dtype=float), plate).ravel()
+        except ValueError:
+            return None
+        fn = _STRUCTURAL[link]
+        # invert the link on the probe values: which element produced each entry
+        table = fn(base)
+        idx = np.searchsorted(np.sort(table), got)
+        order = np.argsort(table)
+        idx = np.clip(idx, 0, size - 1)
+        cand = order[idx]
+        if not np.allclose(table[cand], got, rtol=1e-12, atol=0):
+            return None
+        return cand.astype(np.int64)
+
+    def _try_split(self, rv, opname, params, y) -> bool:
+        pos, family, natural_fn, _ = _CONJUGATE[opname]
+        others = [self._constant(p) for i, p in enumerate(params) if i != pos]
+        if any(o is None for o in others):
+            return False
+        plate = y.shape
+        leaves = self._decompose(params[pos], plate, rv.name)
+        inputs, slots, (g,) = self._rebuild([params[pos]], leaves)
+        function = compile_function(inputs, g)
+        others_flat = [np.broadcast_to(o, plate).ravel() for o in others]
+        natural = natural_fn(y.ravel(), others_flat)
+        scipy_fn = _recognise_link(g, inputs)
+
+        def sampler(ins, rng, _f=function):
+            shape = ins[0].shape
+            return np.asarray(_f(*[np.ravel(a) for a in ins]), dtype=float).reshape(shape)
+
+        key_graph = _graph_key(g, inputs)
+        desc = f"{rv.name}: deterministic {_describe(g)} -> {family.name} parameter of {opname[:-2]}"
+        self.graph.factors.append(BlackBoxFactor(
+            name=rv.name, kind="deterministic", inputs=slots, sampler=sampler, logp=None,
+            density_source="deterministic", key=f"det-{family.name}-{key_graph}", description=desc,
+            output_family=family, output_natural=natural, function=sampler, scipy_function=scipy_fn,
+            size=int(np.prod(plate, dtype=int)),
+        ))
+        return True
+
+    def _black_box(self, rv, params, plate, *, kind: str, output=None, observed=None) -> None:
+        op = rv.owner.op
+        opname = type(op).__name__
+        leaves: dict = {}
+        seen: set = set()
+        for p in params:
+            self._walk(p, plate, rv.name, leaves, seen)
+        B = int(np.prod(plate, dtype=int))
+        if not any(not isinstance(slot, float) for _, slot in leaves.values()):
+            # all parameters are scalars: a zero "plate" input gives the sampler its batch shape
+            anchor = pt.constant(0.0)
+            leaves[id(anchor)] = (anchor, DataSlot(np.zeros(B), "plate"))
+        inputs, slots, flat_params = self._rebuild(params, leaves)
+        flat_params = [pt.broadcast_to(p, (pt.shape(inputs[0])[0],)) if inputs and p.ndim == 0 else p
+                       for p in flat_params]
+        new_rv = _flat_distribution(rv, flat_params)
+        sampler_fn = compile_function(inputs, new_rv)
+        rngs = find_rng_nodes([new_rv])
+        if not rngs:
+            rngs = [v for v in sampler_fn.maker.fgraph.inputs if "RandomGenerator" in str(v.type)]
+
+        def sampler(ins, rng, _f=sampler_fn, _rngs=rngs):
+            shape = np.shape(ins[0]) if ins else (1,)
+            reseed_rngs(_rngs, int(rng.integers(2**63 - 1)))
+            return np.asarray(_f(*[np.ravel(a) for a in ins]), dtype=float).reshape(shape)
+
+        logp, source = None, "pymc"
+        if isinstance(op, SimulatorRV):
+            source = "abc-kernel"
+        else:
+            try:
+                value = pt.vector("value", dtype=rv.dtype)
+                logp_fn = compile_function([value, *inputs], pm.logp(new_rv, value))
+
+                def logp(x, ins, _f=logp_fn, _dtype=rv.dtype):
+                    shape = np.shape(x)
+                    xs = np.ravel(x).astype(_dtype)
+                    flat = [np.ravel(np.broadcast_to(a, shape)) for a in ins]
+                    return np.asarray(_f(xs, *flat), dtype=float).reshape(shape)
+            except NotImplementedError:
+                source = "abc-kernel"
+        key_graph = _graph_key(new_rv, inputs)
+        self._check_sizes(rv.name, slots, B)
+        if source == "abc-kernel":
+            if kind != "likelihood":
+                raise UnsupportedModelError(
+                    f"{rv.name}: PyMC derives no density for this latent's distribution {opname}"
+                )
+            eps = _abc_bandwidth(op, observed)
+            warnings.warn(
+                f"{rv.name}: PyMC has no density for {opname}; the oracle weighs forward samples by a Gaussian "
+                f"kernel of width {eps:.3g} on their distance to the observed value (ABC-EP)",
+                UserWarning,
+                stacklevel=4,
+            )
+            natural = np.stack([observed / eps**2, np.full_like(observed, -0.5 / eps**2)], -1)
+            self.graph.factors.append(BlackBoxFactor(
+                name=rv.name, kind="deterministic", inputs=slots, sampler=sampler, logp=None,
+                density_source="abc-kernel", key=f"abc-{opname}-{key_graph}",
+                description=f"{rv.name}: simulator {opname} (ABC kernel, eps={eps:.3g})",
+                output_family=Gaussian, output_natural=natural, size=B,
+            ))
+            return
+        desc = f"{rv.name}: {'likelihood' if kind == 'likelihood' else 'prior'} {opname[:-2] or opname}"
+        fam = output.family if output is not None else None
+        self.graph.factors.append(BlackBoxFactor(
+            name=rv.name, kind=kind, inputs=slots, sampler=sampler, logp=logp, density_source=source,
+            key=f"{kind}-{fam.name if fam else 'obs'}-{key_graph}", description=desc, output=output,
+            output_family=fam, observed=observed, size=B,
+        ))
+
+    def _check_sizes(self, name: str, slots, B: int) -> None:
+        for s in slots:
+            if s.size != B:
+                raise UnsupportedModelError(f"{name}: a parameter slot has {s.size} entries, expected {B}")
+
+
+# -------------------------------------------------------------------- helpers
+def _label(var: Variable) -> str:
+    return var.name or (type(var.owner.op).__name__ if var.owner is not None else str(var))
+
+
+def _pass_through(op) -> bool:
+    """Ops that leave values unchanged on flat per-instance vectors."""
+    if isinstance(op, DimShuffle):
+        return _left_expanding(op)
+    return isinstance(op, (ViewOp, SpecifyShape))
+
+
+def _left_expanding(op: DimShuffle) -> bool:
+    """A DimShuffle that only adds broadcast axes on the left (numpy broadcasting order)."""
+    order = [o for o in op.new_order]
+    kept = [o for o in order if o != "x"]
+    if kept != sorted(kept) or len(kept) != op.input_ndim:
+        return False
+    first = next((i for i, o in enumerate(order) if o != "x"), len(order))
+    return all(o == "x" for o in order[:first]) and all(o != "x" for o in order[first:])
+
+
+def _unit_rows(var: LatentVariable, n_theta: int) -> np.ndarray:
+    """Rows of the identity selecting ``var``'s entries of theta, ``(var.size, n_theta)``."""
+    rows = np.zeros((var.size, n_theta))
+    rows[np.arange(var.size), var.offset + np.arange(var.size)] = 1.0
+    return rows
+
+
+def _conjugate_prior(opname: str, family: type, consts: list) -> np.ndarray | None:
+    """Natural parameters of a prior in the variable's own family, if it is one."""
+    if family is Gamma and opname == "GammaRV":
+        alpha, scale = consts
+        return np.stack(np.broadcast_arrays(alpha - 1.0, -1.0 / scale), -1)
+    if family is Gamma and opname == "ExponentialRV":
+        (scale,) = consts
+        return np.stack(np.broadcast_arrays(np.zeros_like(scale, dtype=float), -1.0 / scale), -1)
+    if family is Beta and opname == "BetaRV":
+        a, b = consts
+        return np.stack(np.broadcast_arrays(a - 1.0, b - 1.0), -1).astype(float)
+    if family is Beta and opname == "UniformRV":
+        return np.zeros(2)
+    return None
+
+
+def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
+    """``rv``'s distribution with its parameters replaced by flat vectors (size from them)."""
+    node = rv.owner
+    op = node.op
+    if isinstance(op, CustomSymbolicDistRV):
+        f = _change_dist_size.dispatch(type(op))
+        closure = dict(zip(f.__code__.co_freevars, (c.cell_contents for c in f.__closure__ or ())))
+        if "dist" not in closure:
+            raise UnsupportedModelError(f"{rv.name}: cannot rebuild this CustomDist for batched evaluation")
+        return pm.CustomDist.dist(*flat_params, dist=closure["dist"], class_name=type(op).__name__)
+    if isinstance(op, RandomVariable):
+        if op.ndim_supp != 0 or any(n != 0 for n in op.ndims_params):
+            raise UnsupportedModelError(f"{rv.name}: {type(op).__name__} is not an elementwise distribution")
+        params = op.dist_params(node)
+        size = op.size_param(node)
+        new_inputs = []
+        for x in node.inputs:
+            r = x
+            for p, fp in zip(params, flat_params):
+                if x is p:
+                    r = fp
+            if x is size:
+                r = NoneConst
+            new_inputs.append(r)
+        new = node.clone_with_new_inputs(new_inputs, strict=False)
+        return new.outputs[node.outputs.index(rv)]
+    raise UnsupportedModelError(
+        f"{rv.name}: distribution {type(op).__name__} cannot be rebuilt for batched evaluation "
+        "(supported: elementwise PyMC distributions, pm.CustomDist with dist=..., pm.Simulator)"
+    )
+
+
+def _recognise_link(g: Variable, inputs: list) -> object:
+    """``scipy.special.expit`` / ``numpy.exp`` when ``g`` is exactly that link of its one input."""
+    from scipy import special
+
+    if len(inputs) == 1 and g.owner is not None and isinstance(g.owner.op, Elemwise) and g.owner.inputs[0] is inputs[0]:
+        name = type(g.owner.op.scalar_op).__name__
+        return {"Sigmoid": special.expit, "Exp": np.exp}.get(name)
+    return None
+
+
+def _describe(g: Variable) -> str:
+    ops = []
+    node = g.owner
+    while node is not None and len(ops) < 4:
+        ops.append(type(getattr(node.op, "scalar_op", node.op)).__name__.lower())
+        node = node.inputs[0].owner if node.inputs else None
+    return "(".join(ops) + "(...)" + ")" * max(len(ops) - 1, 0) if ops else "identity"
+
+
+def _graph_key(out: Variable, inputs: list) -> str:
+    """A hash of the graph's structure (ops and constants), independent of names."""
+    text = pytensor.printing.debugprint(out, file="str", print_type=True, id_type="")
+    for i, v in enumerate(inputs):
+        text = text.replace(v.name, f"in{i}")
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _abc_bandwidth(op, observed: np.ndarray) -> float:
+    eps = getattr(op, "epsilon", None)
+    if eps is not None:
+        value = np.asarray(eps.data if isinstance(eps, (Constant, TensorSharedVariable)) else eps, dtype=float)
+        if value.size >= 1:
+            return float(value.ravel()[0])
+    return float(0.1 * np.std(observed) + 1e-8)

@@ -1,0 +1,83 @@
+"""PyTensor plumbing: evaluating model sub-graphs on batches of latent values.
+
+Everything here compiles with PyTensor's ``FAST_COMPILE`` mode: the graphs are small
+elementwise expressions evaluated on large numpy arrays, where compiling C code would
+cost seconds per factor and save nothing (each node is one vectorised numpy call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.graph.basic import Variable, ancestors
+from pytensor.graph.replace import clone_replace, vectorize_graph
+
+__all__ = ["compile_function", "latent_ancestors", "affine_coefficients", "evaluate_constant"]
+
+_MODE = "FAST_COMPILE"
+_AFFINE_RTOL = 1e-8
+
+
+def compile_function(inputs: Sequence[Variable], outputs, **kwargs) -> Callable:
+    """``pytensor.function`` in the cheap-to-compile mode pmkjit uses throughout."""
+    return pytensor.function(list(inputs), outputs, mode=_MODE, on_unused_input="ignore", **kwargs)
+
+
+def latent_ancestors(var: Variable, latents: Sequence[Variable]) -> list[Variable]:
+    """The members of ``latents`` that ``var`` depends on, in the order of ``latents``."""
+    found = set(ancestors([var], blockers=list(latents)))
+    return [v for v in latents if v in found]
+
+
+def evaluate_constant(var: Variable) -> np.ndarray:
+    """Value of a graph with no latent inputs (data containers are read as they are now)."""
+    return np.asarray(compile_function([], var)())
+
+
+def affine_coefficients(
+    var: Variable, block: Sequence[tuple[Variable, slice, tuple[int, ...]]], n_dims: int, plate: tuple[int, ...],
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Write ``var`` (broadcast to ``plate`` and flattened) as ``A @ theta + c``, if it is affine.
+
+    Parameters
+    ----------
+    var : graph depending on the latents of ``block`` only
+    block : (latent, slice of theta, shape) for every real-valued latent
+    n_dims : length D of theta
+    plate : shape ``var`` is broadcast to
+    rng : generator for the two random points that check the fit
+
+    Returns
+    -------
+    (A, c) with ``A`` of shape ``(prod(plate), D)`` and ``c`` of shape ``(prod(plate),)``,
+    or ``None`` when ``var`` is not affine in theta.
+
+    Notes
+    -----
+    ``var`` is evaluated at ``theta = 0``, at the D unit vectors and at two random
+    points, all in one vectorised call; the unit vectors give ``A`` exactly for an
+    affine map and the random points reject anything else.
+    """
+    theta = pt.vector("theta", shape=(n_dims,))
+    replace = {rv: theta[sl].reshape(shape) for rv, sl, shape in block}
+    expr = clone_replace(var, replace)
+    batch = pt.matrix("theta_batch")
+    batched = vectorize_graph(expr, {theta: batch})
+    f = compile_function([batch], batched)
+    points = np.vstack([np.zeros((1, n_dims)), np.eye(n_dims), rng.normal(size=(2, n_dims))])
+    values = np.asarray(f(points), dtype=float)
+    try:
+        values = np.broadcast_to(values, (points.shape[0],) + tuple(plate)).reshape(points.shape[0], -1)
+    except ValueError:
+        return None
+    c = values[0]
+    A = (values[1 : n_dims + 1] - c).T
+    check = points[-2:] @ A.T + c
+    scale = 1.0 + np.abs(values[-2:])
+    if not np.all(np.abs(check - values[-2:]) <= _AFFINE_RTOL * scale * max(1.0, np.abs(A).max(initial=0.0))):
+        return None
+    return np.ascontiguousarray(A), np.array(c)
