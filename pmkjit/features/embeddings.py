@@ -43,7 +43,8 @@ from scipy import special
 from pmkjit._random import as_generator
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian, PointMass, family_by_name
 from pmkjit.families.beta import beta_chebyshev_moments, chebyshev_order
-from pmkjit.features.random_fourier import RandomFourierFeatures, cos_sin
+from pmkjit.features import _elementwise as _ew
+from pmkjit.features.random_fourier import RandomFourierFeatures, _cos_sin_numpy
 
 __all__ = [
     "MeanVarianceFeatures",
@@ -120,7 +121,7 @@ def _cf_parts(message: ExponentialFamily, omega: np.ndarray, beta_matrix) -> tup
         amp = np.exp(np.maximum(log_amp, -700.0))
         amp[log_amp < -345.0] = 0.0  # below 1e-150: flush rather than go subnormal later
         parts = np.empty((m.shape[0], 2 * omega.size))
-        cos_sin(m * omega, parts, amplitude=amp)
+        _cos_sin_numpy(m * omega, parts, 1.0, amp)
         return parts[:, : omega.size], parts[:, omega.size :]
     if isinstance(message, Beta):
         mu = beta_chebyshev_moments(message.alpha, message.beta, beta_matrix.shape[0])
@@ -249,7 +250,53 @@ class _JointEmbedding:
     def n_features(self) -> int:
         return 2 * self.omega.shape[1]
 
-    def transform(self, messages: Sequence[ExponentialFamily]) -> np.ndarray:
+    def transform(
+        self, messages: Sequence[ExponentialFamily], out: np.ndarray | None = None, threads: bool = True
+    ) -> np.ndarray:
+        """Features ``(B, 2K)``: ``[Re, Im]`` of the joint characteristic function over ``sqrt(K)``.
+
+        Gaussian and point-mass messages are folded in by one compiled kernel (one exp
+        and one sincos per entry for all of them together, phases and log amplitudes
+        adding up); the others' characteristic functions are computed first (a Beta's
+        by one matrix product written straight into ``out``) and multiplied in by the
+        same pass. Rows whose phases are too large for the kernel's argument reduction
+        are recomputed by :meth:`transform_reference`.
+        """
+        K = self.omega.shape[1]
+        B = len(messages[0])
+        if out is None:
+            out = np.empty((B, 2 * K))
+        scale = 1.0 / np.sqrt(K)
+        phased = [v for v, m in enumerate(messages) if isinstance(m, (Gaussian, PointMass))]
+        rest = [v for v in range(len(messages)) if v not in phased]
+        for n, v in enumerate(rest):
+            if isinstance(messages[v], Beta):
+                mu = beta_chebyshev_moments(messages[v].alpha, messages[v].beta, self._beta[v].shape[0])
+                parts = np.matmul(mu, self._beta[v], out=out if n == 0 else None)  # [Re, Im] layout
+            else:
+                re, im = _cf_parts(messages[v], self.omega[v], self._beta[v])
+                parts = out if n == 0 else np.empty_like(out)
+                parts[:, :K], parts[:, K:] = re, im
+            if n > 0:
+                _ew.run_rows(_ew.complex_multiply_kernel, (out, parts), (1.0,), out.size, threads=threads)
+        if not phased:
+            out *= scale
+            return out
+        M = np.stack([np.asarray(messages[v].mean(), dtype=float) for v in phased], axis=1)
+        V = np.stack([np.asarray(messages[v].var(), dtype=float) for v in phased], axis=1)
+        omega = np.ascontiguousarray(self.omega[phased])
+        other = out if rest else np.empty((0, 0))
+        n_big = _ew.run_rows(
+            _ew.phase_cf_kernel, (M, V, other, out), (omega, 0.5 * omega**2, scale), out.size, threads=threads
+        )
+        if n_big:
+            bound = np.abs(M) @ np.max(np.abs(omega), axis=1)  # >= every |phase| of the row
+            rows = np.flatnonzero(bound > _ew.TRIG_LIMIT)
+            out[rows] = self.transform_reference([m[rows] for m in messages])
+        return out
+
+    def transform_reference(self, messages: Sequence[ExponentialFamily]) -> np.ndarray:
+        """:meth:`transform` with numpy's exp, cos and sin (reference and fallback)."""
         K = self.omega.shape[1]
         re, im = _cf_parts(messages[0], self.omega[0], self._beta[0])
         out = np.empty((re.shape[0], 2 * K))
@@ -487,10 +534,17 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
     def n_features_out_(self) -> int:
         return int(self.n_outer)
 
-    def transform(self, messages: Sequence[ExponentialFamily], out: np.ndarray | None = None) -> np.ndarray:
-        """Features ``(B, n_outer)``; written into ``out`` when given (see RandomFourierFeatures)."""
+    def transform(
+        self, messages: Sequence[ExponentialFamily], out: np.ndarray | None = None, threads: bool = True
+    ) -> np.ndarray:
+        """Features ``(B, n_outer)``; written into ``out`` when given (see RandomFourierFeatures).
+
+        ``threads=False`` keeps the elementwise work on the calling thread (for callers
+        that are themselves worker threads).
+        """
         self._validate(messages, fitting=False)
-        return self._outer.transform(self._inner.transform(messages), out=out)
+        inner = self._inner.transform(messages, threads=threads)
+        return self._outer.transform(inner, out=out, threads=threads)
 
     def embed(self, messages: Sequence[ExponentialFamily]) -> np.ndarray:
         """The first-stage features (approximate joint mean embeddings), ``(B, n_inner)``."""

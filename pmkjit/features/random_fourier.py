@@ -14,22 +14,24 @@ stores its arguments, ``get_params``/``set_params``, fitted attributes end in ``
 from __future__ import annotations
 
 import numbers
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from pmkjit._random import RandomState, as_generator
+from pmkjit.features import _elementwise as _ew
 from pmkjit.features.spectral import KERNELS, Lengthscale, _as_lengthscale, sample_frequencies
 
 __all__ = ["RandomFourierFeatures", "cos_sin"]
 
-# Below this many entries one thread is faster than handing cos and sin to two.
-_THREAD_MIN = 200_000
-_POOL = ThreadPoolExecutor(max_workers=2)
 
-
-def cos_sin(Z: np.ndarray, out: np.ndarray, scale: float = 1.0, amplitude: np.ndarray | None = None) -> None:
+def cos_sin(
+    Z: np.ndarray,
+    out: np.ndarray,
+    scale: float = 1.0,
+    amplitude: np.ndarray | None = None,
+    threads: bool = True,
+) -> None:
     """Write ``scale * amplitude * [cos(Z), sin(Z)]`` into ``out`` of shape ``(n, 2K)``.
 
     Parameters
@@ -40,28 +42,47 @@ def cos_sin(Z: np.ndarray, out: np.ndarray, scale: float = 1.0, amplitude: np.nd
         straight into it avoids building two temporaries and concatenating them.
     scale : float, default 1.0
     amplitude : ndarray broadcastable to (n, K), optional
+    threads : bool, default True
+        Split large inputs over two threads. ``False`` for callers already running on
+        worker threads.
 
     Notes
     -----
-    numpy's cos and sin run on one core and release the GIL, so large inputs get one
-    thread each.
+    C-contiguous float64 ``Z`` and ``out`` go through a compiled kernel that computes
+    cos and sin together with vectorised polynomials (:mod:`pmkjit.features._elementwise`,
+    within 2.3e-16 of numpy, about 10 times faster than numpy's float64 cos and sin);
+    rows with arguments beyond ``2**19`` are recomputed with numpy. Other inputs use numpy.
     """
+    Z = np.asarray(Z)
     K = Z.shape[1]
+    fast = (
+        Z.dtype == np.float64 and out.dtype == np.float64 and Z.ndim == 2
+        and Z.flags.c_contiguous and out.flags.c_contiguous and out.shape == (Z.shape[0], 2 * K)
+    )
+    if fast:
+        n_big = _ew.run_rows(_ew.cos_sin_kernel, (Z, out), (float(scale),), Z.size, threads=threads)
+        if n_big:
+            rows = np.flatnonzero(np.any(np.abs(Z) > _ew.TRIG_LIMIT, axis=1))
+            sub = np.empty((rows.size, 2 * K))
+            _cos_sin_numpy(Z[rows], sub, scale, None)
+            out[rows] = sub
+        if amplitude is not None:
+            amp = np.broadcast_to(amplitude, Z.shape)
+            np.multiply(out[:, :K], amp, out=out[:, :K])
+            np.multiply(out[:, K:], amp, out=out[:, K:])
+        return
+    _cos_sin_numpy(Z, out, scale, amplitude)
 
-    def part(fn, view):
+
+def _cos_sin_numpy(Z: np.ndarray, out: np.ndarray, scale: float, amplitude: np.ndarray | None) -> None:
+    """:func:`cos_sin` with numpy's cos and sin (reference, and any dtype or layout)."""
+    K = Z.shape[1]
+    for fn, view in ((np.cos, out[:, :K]), (np.sin, out[:, K:])):
         fn(Z, out=view)
         if amplitude is not None:
             np.multiply(view, amplitude, out=view)
         if scale != 1.0:
             np.multiply(view, scale, out=view)
-
-    if Z.size >= _THREAD_MIN:
-        futures = [_POOL.submit(part, np.cos, out[:, :K]), _POOL.submit(part, np.sin, out[:, K:])]
-        for f in futures:
-            f.result()
-    else:
-        part(np.cos, out[:, :K])
-        part(np.sin, out[:, K:])
 
 
 _PARAMS = ("kernel", "n_features", "lengthscale", "orthogonal", "random_state")
@@ -194,7 +215,7 @@ class RandomFourierFeatures:
         self.n_features_in_ = X.shape[1]
         return self
 
-    def transform(self, X: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
+    def transform(self, X: ArrayLike, out: np.ndarray | None = None, threads: bool = True) -> np.ndarray:
         """Features ``[cos(Z), sin(Z)] / sqrt(n_features / 2)``, ``Z = (X / lengthscale) @ frequencies_``.
 
         Parameters
@@ -203,6 +224,9 @@ class RandomFourierFeatures:
         out : ndarray of shape (n_samples, n_features), optional
             A C-contiguous float64 array that receives the result (callers predicting
             in a loop reuse it instead of faulting in new pages).
+        threads : bool, default True
+            Let :func:`cos_sin` split large inputs over two threads; ``False`` when the
+            caller is itself one of several worker threads.
 
         Returns
         -------
@@ -232,7 +256,7 @@ class RandomFourierFeatures:
             out = np.empty((X.shape[0], 2 * K))
         elif out.shape != (X.shape[0], 2 * K) or out.dtype != np.float64 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous float64 array of shape {(X.shape[0], 2 * K)}")
-        cos_sin(X @ W, out, scale=np.sqrt(1.0 / K))
+        cos_sin(X @ W, out, scale=np.sqrt(1.0 / K), threads=threads)
         return out
 
     def fit_transform(self, X: ArrayLike, y=None) -> np.ndarray:
