@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
-from pytensor.graph.basic import Variable, ancestors
+from pytensor.graph.basic import Variable
+from pytensor.graph.traversal import ancestors
 from pytensor.graph.replace import clone_replace, vectorize_graph
 
 __all__ = ["compile_function", "latent_ancestors", "affine_coefficients", "evaluate_constant"]

@@ -64,6 +64,27 @@ class EvidenceCurve:
         return float(np.exp(res.x if res.fun <= -values[i] else grid[i]))
 
 
+def _evidence_curve(Phi: np.ndarray, Yc: np.ndarray, G: np.ndarray, b: np.ndarray, yy: np.ndarray) -> EvidenceCurve:
+    """The evidence curve from the smaller of the two Gram matrices.
+
+    With fewer rows than features, ``Phi Phi^T = U S U^T`` has the nonzero eigenvalues
+    of ``Phi^T Phi`` and the projections ``V^T Phi^T y = sqrt(S) U^T y``; the other
+    ``D - n`` eigenvalues are zero with zero projections. An ``n x n`` eigh instead of
+    ``D x D`` (a KJIT operator's first minibatch is often smaller than its features).
+    """
+    n, D = Phi.shape
+    if n >= D:
+        evals, evecs = np.linalg.eigh(G)
+        return EvidenceCurve(np.maximum(evals, 0.0), evecs.T @ b, yy, n)
+    evals, U = np.linalg.eigh(Phi @ Phi.T)
+    evals = np.maximum(evals, 0.0)
+    projected = np.sqrt(evals)[:, None] * (U.T @ Yc)
+    pad = D - n
+    return EvidenceCurve(
+        np.concatenate([np.zeros(pad), evals]), np.vstack([np.zeros((pad, Yc.shape[1])), projected]), yy, n
+    )
+
+
 class BayesianLinearRegression:
     """Multi-output Bayesian linear regression with a shared Cholesky-held posterior.
 
@@ -104,8 +125,7 @@ class BayesianLinearRegression:
         b = Phi.T @ Yc
         yy = np.einsum("nk,nk->k", Yc, Yc)
         if self.regularization is None:
-            evals, evecs = np.linalg.eigh(G)
-            curve = EvidenceCurve(np.maximum(evals, 0.0), evecs.T @ b, yy, Phi.shape[0])
+            curve = _evidence_curve(Phi, Yc, G, b, yy)
             lam = curve.best_lambda()
         else:
             lam = float(self.regularization)
