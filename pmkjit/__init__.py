@@ -16,6 +16,7 @@ from pmkjit.errors import (
 __version__ = "0.1.0"
 
 from pmkjit.fit import EPNotConvergedWarning, fit  # noqa: E402
+from pmkjit.models import GeneralizedLinearModel, StandardLinearModel  # noqa: E402  (the revrand layer)
 
 __all__ = [
     "PmkjitError",
@@ -26,4 +27,6 @@ __all__ = [
     "__version__",
     "fit",
     "EPNotConvergedWarning",
+    "StandardLinearModel",
+    "GeneralizedLinearModel",
 ]
