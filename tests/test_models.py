@@ -88,6 +88,8 @@ def test_slm_random_starts_never_hurt_and_seed_reproduces():
     again = StandardLinearModel(basis, n_starts=8, max_iter=0, random_state=0).fit(X, y)
     np.testing.assert_array_equal(again.predict(X), many.predict(X))
     assert basis.lengthscale == 20.0 and not hasattr(basis, "frequencies_")  # the user's basis is untouched
+    # a lone basis's hyperparameters carry its name, as in a concatenation
+    assert set(many.hyperparameters_) == {"noise_var", "matern52__prior_var", "matern52__lengthscale"}
 
 
 def test_slm_sklearn_api():

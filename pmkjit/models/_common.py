@@ -7,7 +7,7 @@ import copy
 import numpy as np
 
 from pmkjit._sklearn_compat import HAVE_SKLEARN, check_is_fitted
-from pmkjit.bases import Basis, LinearBasis, RandomFourierBasis
+from pmkjit.bases import Basis, BasisConcat, LinearBasis, RandomFourierBasis
 
 __all__ = ["default_basis", "fit_basis", "check_Xy", "check_X", "prior_specs", "column_blocks"]
 
@@ -18,11 +18,18 @@ def default_basis() -> Basis:
 
 
 def fit_basis(basis: Basis | None, X: np.ndarray, rng: np.random.Generator) -> Basis:
-    """A fitted deep copy of ``basis`` (the user's object is left untouched)."""
+    """A fitted deep copy of ``basis`` (the user's object is left untouched).
+
+    A lone basis is wrapped in a one-component :class:`BasisConcat`, so that its
+    hyperparameters carry its name (``"rbf__lengthscale"``) exactly as in a sum.
+    """
     basis = default_basis() if basis is None else basis
     if not isinstance(basis, Basis):
         raise TypeError(f"basis must be a pmkjit.bases.Basis, got {type(basis).__name__}")
-    return copy.deepcopy(basis).fit(X, rng=rng)
+    basis = copy.deepcopy(basis)
+    if not isinstance(basis, BasisConcat):
+        basis = BasisConcat([basis])
+    return basis.fit(X, rng=rng)
 
 
 def prior_specs(basis: Basis, value: float, bounds=(1e-8, 1e8)) -> dict:

@@ -8,6 +8,7 @@ position of a basis in a concatenation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -86,10 +87,15 @@ class ParamVector:
             out += [(lo, hi)] * int(np.prod(s))
         return out
 
-    def clip(self, x: np.ndarray) -> np.ndarray:
-        """Project a flat vector onto the bounds."""
+    @cached_property
+    def _box(self) -> tuple[np.ndarray, np.ndarray]:
         b = np.array([(-np.inf if lo is None else lo, np.inf if hi is None else hi) for lo, hi in self.flat_bounds()])
-        return np.clip(x, b[:, 0], b[:, 1]) if b.size else x
+        return (b[:, 0], b[:, 1]) if b.size else (np.zeros(0), np.zeros(0))
+
+    def clip(self, x: np.ndarray) -> np.ndarray:
+        """Project a flat vector onto the bounds (built once: SVI clips after every step)."""
+        lo, hi = self._box
+        return np.clip(x, lo, hi)
 
     def random_start(self, x0: np.ndarray, rng: np.random.Generator, spread: float = 1.0) -> np.ndarray:
         """``x0`` perturbed by ``N(0, spread^2)`` per flat coordinate (a factor ``e^spread``
