@@ -82,7 +82,7 @@ def init(graph: FactorGraph, rng: np.random.Generator, n_init: int = 4000) -> tu
     """
     prior = _Prior(graph)
     sites = [[np.zeros((s.size, 2)) for s in f.slots] for f in graph.factors]
-    state = EPState(sites, np.zeros(graph.n_theta), np.eye(graph.n_theta), {})
+    state = _posterior(graph, prior, sites, jitter=True)
     for fi, f in enumerate(graph.factors):
         if f.kind != "prior":
             continue

@@ -75,6 +75,7 @@ class FactorOracle:
         self.n_samples = int(n_samples)
         self.rng = rng
         self.n_calls = 0
+        self.n_fallback = 0
 
     def __call__(self, messages: Sequence[ExponentialFamily]) -> Answer:
         f = self.factor
@@ -90,21 +91,36 @@ class FactorOracle:
             fams.append(f.output_family)
             msgs.append(messages[-1])
 
-        def full(ins):
-            shape = np.shape(ins[0]) if len(ins) else (1, B)
-            it = iter(ins)
-            return tuple(np.broadcast_to(data[i], shape) if i in data else next(it) for i in range(len(f.inputs)))
+        def importance(sel):
+            # data travel as point-mass inputs: the oracle "samples" them with the rest, so
+            # its chunks and retries keep every entry's data aligned with its samples
+            in_fams = [PointMass if i in data else f.inputs[i].family for i in range(len(f.inputs))]
+            in_msgs = [messages[i][sel] for i in range(len(f.inputs))]
+            if f.kind != "likelihood":
+                in_fams.append(f.output_family)
+                in_msgs.append(messages[-1][sel])
+            oracle = ImportanceSamplingOracle(f.sampler, in_fams, logp=f.logp,
+                                              observed=None if observed is None else observed[sel],
+                                              n_samples=self.n_samples, random_state=self.rng)
+            result = oracle(tuple(in_msgs))
+            picked = [result.beliefs[i] for i in latent]
+            if f.kind != "likelihood":
+                picked.append(result.beliefs[-1])
+            return tuple(picked), np.asarray(result.accepted, bool)
 
         if self.kind == "quadrature" or not latent:
             # a factor with no latent input (a prior with constant parameters) is a 1-D integral
             beliefs, accepted = self._quadrature(msgs, fams, observed, data, B)
+            refused = np.flatnonzero(~accepted)
+            if refused.size and latent:
+                # quadrature refuses tilted laws it cannot resolve (e.g. a funnel); sampling can
+                self.n_fallback += refused.size
+                b_is, a_is = importance(refused)
+                beliefs = tuple(_scatter(b, refused, bi) for b, bi in zip(beliefs, b_is))
+                accepted = accepted.copy()
+                accepted[refused] = a_is
         else:
-            sampler = (lambda ins, rng: f.sampler(full(ins), rng))
-            logp = None if f.logp is None else (lambda x, ins: f.logp(x, full(ins)))
-            oracle = ImportanceSamplingOracle(sampler, fams, logp=logp, observed=observed,
-                                              n_samples=self.n_samples, random_state=self.rng)
-            result = oracle(msgs)
-            beliefs, accepted = result.beliefs, np.asarray(result.accepted, bool)
+            beliefs, accepted = importance(np.arange(B))
         # beliefs in target order: latent inputs, then a latent output
         out = list(beliefs[: len(latent)])
         if f.kind == "prior":
@@ -158,13 +174,17 @@ class FactorOracle:
 class KJITMethod:
     """A KJIT operator in front of a :class:`FactorOracle`.
 
-    The first call fits the operator on the oracle's answers to at most
-    ``first_batch`` randomly chosen message tuples, then answers the whole batch
-    (confident predictions from the operator, the rest from the oracle).
+    Until the operator is fitted, the oracle answers and its answers are kept; once
+    ``min_fit`` answers have accumulated (from one large batch or from several small
+    ones, e.g. a factor with a single instance over many sweeps or problems), the
+    operator is fitted on at most ``first_batch`` of them. A large first batch is
+    answered by the oracle on a random ``first_batch`` subset only; the operator,
+    fitted on those, answers the rest (asking the oracle where it is unsure).
     """
 
     def __init__(self, factor: BlackBoxFactor, oracle: FactorOracle, operator: KJITOperator | None, *,
-                 first_batch: int = 1000, tolerance: float = 1e-3, rng: np.random.Generator):
+                 first_batch: int = 1000, min_fit: int = 50, tolerance: float = 1e-3,
+                 rng: np.random.Generator):
         self.factor = factor
         self.oracle = oracle
         self.operator = operator if operator is not None else KJITOperator(
@@ -172,8 +192,10 @@ class KJITMethod:
         )
         self.operator.tolerance = float(tolerance)
         self.first_batch = int(first_batch)
+        self.min_fit = max(int(min_fit), 10)
         self.rng = rng
         self.last_variance: np.ndarray | None = None
+        self._seen: list[tuple[tuple, tuple]] = []
 
     @property
     def fitted(self) -> bool:
@@ -183,13 +205,46 @@ class KJITMethod:
         messages = tuple(messages)
         B = len(messages[0])
         call = self.oracle.as_operator_oracle()
-        if not self.fitted:
-            n = min(B, self.first_batch)
-            sub = np.sort(self.rng.choice(B, n, replace=False)) if n < B else np.arange(B)
-            self.operator(tuple(m[sub] for m in messages), call)
-        result = self.operator(messages, call)
-        self.last_variance = result.variance
-        return Answer(tuple(result.beliefs), np.asarray(result.accepted, bool))
+        if self.fitted:
+            result = self.operator(messages, call)
+            self.last_variance = result.variance
+            return Answer(tuple(result.beliefs), np.asarray(result.accepted, bool))
+        n = min(B, self.first_batch)
+        sub = np.sort(self.rng.choice(B, n, replace=False)) if n < B else np.arange(B)
+        first = tuple(m[sub] for m in messages)
+        answer = self.oracle(first)
+        ok = np.flatnonzero(answer.accepted)
+        self._seen.append((tuple(m[ok] for m in first), tuple(b[ok] for b in answer.beliefs)))
+        if sum(len(msgs[0]) for msgs, _ in self._seen) >= self.min_fit:
+            msgs = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(m for m, _ in self._seen)))
+            bels = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(b for _, b in self._seen)))
+            if len(msgs[0]) > self.first_batch:
+                keep = np.sort(self.rng.choice(len(msgs[0]), self.first_batch, replace=False))
+                msgs, bels = tuple(m[keep] for m in msgs), tuple(b[keep] for b in bels)
+            self.operator.fit(msgs, bels)
+            self.operator.n_oracle_calls += n
+            self._seen = []
+        else:
+            self.operator.n_oracle_calls += n
+        if n == B:
+            return answer
+        # the rest of a large first batch: the freshly fitted operator (or the oracle)
+        rest = np.setdiff1d(np.arange(B), sub)
+        tail = self(tuple(m[rest] for m in messages))
+        beliefs = []
+        for b_first, b_rest in zip(answer.beliefs, tail.beliefs):
+            natural = np.empty((B, 2))
+            natural[sub], natural[rest] = b_first.natural, b_rest.natural
+            beliefs.append(type(b_first).from_natural(natural))
+        accepted = np.empty(B, bool)
+        accepted[sub], accepted[rest] = answer.accepted, tail.accepted
+        return Answer(tuple(beliefs), accepted)
+
+
+def _scatter(base: ExponentialFamily, index: np.ndarray, values: ExponentialFamily) -> ExponentialFamily:
+    natural = np.array(base.natural, dtype=float)
+    natural[index] = values.natural
+    return type(base).from_natural(natural)
 
 
 def point_masses(values: np.ndarray) -> PointMass:

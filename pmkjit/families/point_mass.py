@@ -67,7 +67,8 @@ class PointMass(ExponentialFamily):
 
     @classmethod
     def project(cls, ess: np.ndarray, name: str = "message") -> "PointMass":
-        raise TypeError(f"{name}: a point mass (observed value) is never projected")
+        """The point mass at ``E[x]``: a fixed datum's tilted marginal is the datum itself."""
+        return cls(np.asarray(ess, dtype=float)[..., 0])
 
     def regression_targets(self) -> np.ndarray:
         raise TypeError("a point mass (observed value) is not a regression target")

@@ -71,6 +71,10 @@ def affine_coefficients(
     f = compile_function([batch], batched)
     points = np.vstack([np.zeros((1, n_dims)), np.eye(n_dims), rng.normal(size=(2, n_dims))])
     values = np.asarray(f(points), dtype=float)
+    # numpy broadcasting aligns the variable's axes right, after the batch axis of points
+    extra = len(plate) - (values.ndim - 1)
+    if extra > 0:
+        values = values.reshape((values.shape[0],) + (1,) * extra + values.shape[1:])
     try:
         values = np.broadcast_to(values, (points.shape[0],) + tuple(plate)).reshape(points.shape[0], -1)
     except ValueError:
