@@ -137,10 +137,10 @@ class _Builder:
 
     def _family(self, rv: Variable) -> type:
         name = rv.name
-        if "unobserved" in name and any(name.startswith(o.name) for o in self.model.observed_RVs):
+        if name.endswith("_unobserved") and name[: -len("_unobserved")] in self.model.named_vars:
             raise UnsupportedModelError(
-                f"{name}: the observed data contain missing values (PyMC imputes them as latent variables); "
-                "pmkjit needs complete data: drop or fill the NaN entries"
+                f"{name[: -len('_unobserved')]}: the observed data contain missing values (PyMC imputes them as "
+                f"latent variable {name}); pmkjit needs complete data: drop or fill the NaN entries"
             )
         if rv.dtype.startswith(("int", "uint", "bool")):
             raise UnsupportedModelError(

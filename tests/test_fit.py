@@ -1,0 +1,243 @@
+"""End-to-end tests of pmkjit.fit against independent references (closed forms, brute-force grids)."""
+
+from __future__ import annotations
+
+import warnings
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import special
+
+import pmkjit
+from pmkjit.ep import engine
+from pmkjit.errors import OperatorFileError, UnsupportedModelError
+from pmkjit.graph import build_factor_graph
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::RuntimeWarning")
+
+
+def logistic_model(seed: int, N: int = 120, d: int = 2):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(N, d))
+    w_true = np.array([1.0, -0.7, 0.4, 0.2][:d])
+    y = rng.binomial(1, special.expit(X @ w_true))
+    with pm.Model(coords={"coef": [f"x{i}" for i in range(d)], "obs": np.arange(N)}) as model:
+        Xd = pm.Data("X", X, dims=("obs", "coef"))
+        w = pm.Normal("w", 0.0, 1.0, dims="coef")
+        p = pm.Deterministic("p", pm.math.sigmoid(Xd @ w), dims="obs")
+        pm.Bernoulli("y", p=p, observed=y, dims="obs")
+    return model, X, y
+
+
+def grid_posterior_logistic(X, y, n=241, half_width=6.0):
+    """Exact posterior mean and sd of 2-D logistic regression weights on a brute-force grid."""
+    g = np.linspace(-half_width, half_width, n)
+    W0, W1 = np.meshgrid(g, g, indexing="ij")
+    W = np.stack([W0.ravel(), W1.ravel()], 1)
+    eta = X @ W.T
+    logp = -0.5 * np.sum(W**2, 1) + np.sum(y[:, None] * eta - np.logaddexp(0, eta), 0)
+    p = np.exp(logp - logp.max())
+    p /= p.sum()
+    mean = p @ W
+    sd = np.sqrt(p @ (W - mean) ** 2)
+    return mean, sd
+
+
+def ep_moments(idata, name):
+    x = idata.posterior[name].values
+    x = x.reshape((-1,) + x.shape[2:])
+    return x.mean(0), x.std(0)
+
+
+def test_conjugate_gaussian_model_is_exact():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 3))
+    y = X @ np.array([0.5, -1.0, 2.0]) + 0.3 * rng.normal(size=50)
+    with pm.Model() as model:
+        w = pm.Normal("w", 1.0, 2.0, shape=3)
+        pm.Normal("y", X @ w, 0.3, observed=y)
+    graph = build_factor_graph(model)
+    assert not graph.factors  # every factor is analytic
+    state, _ = engine.init(graph, rng)
+    mean, sd = engine.posterior_moments(graph, state)["w"]
+    P = np.eye(3) / 4.0 + X.T @ X / 0.09
+    cov = np.linalg.inv(P)
+    exact_mean = np.linalg.solve(P, np.full(3, 1.0) / 4.0 + X.T @ y / 0.09)
+    np.testing.assert_allclose(mean, exact_mean, rtol=1e-10)
+    np.testing.assert_allclose(sd, np.sqrt(np.diag(cov)), rtol=1e-10)
+
+
+def test_logistic_quadrature_ep_matches_exact_posterior():
+    model, X, y = logistic_model(1)
+    idata = pmkjit.fit(model=model, method="quadrature", random_seed=0, progressbar=False, draws=4000)
+    assert idata.ep.attrs["converged"] == 1
+    mean, sd = ep_moments(idata, "w")
+    ref_mean, ref_sd = grid_posterior_logistic(X, y)
+    # EP is an approximation; for logistic regression it is known to be very accurate
+    assert np.max(np.abs(mean - ref_mean) / ref_sd) < 0.1
+    assert np.all(np.abs(sd / ref_sd - 1) < 0.1)
+
+
+def test_both_logistic_spellings_and_kjit_agree_with_quadrature():
+    model, X, y = logistic_model(2)
+    with pm.Model() as logit_model:
+        w = pm.Normal("w", 0.0, 1.0, shape=2)
+        pm.Bernoulli("y", logit_p=pm.math.dot(X, w), observed=y)
+    g1, g2 = build_factor_graph(model), build_factor_graph(logit_model)
+    assert g1.factors[0].key == g2.factors[0].key  # the same factor, so operators are shared
+    quad = pmkjit.fit(model=model, method="quadrature", random_seed=0, progressbar=False, draws=4000)
+    kjit = pmkjit.fit(model=logit_model, method="kjit", random_seed=0, progressbar=False, draws=4000)
+    mq, sq = ep_moments(quad, "w")
+    mk, sk = ep_moments(kjit, "w")
+    assert np.max(np.abs(mq - mk) / sq) < 0.1
+    assert np.all(np.abs(sk / sq - 1) < 0.1)
+    # the operator answered some messages itself
+    assert kjit.ep.kjit_predictions.values.sum() > kjit.ep.oracle_calls.values.sum()
+
+
+def test_inference_data_groups_coords_and_log_likelihood():
+    model, X, y = logistic_model(3, N=60)
+    idata = pmkjit.fit(model=model, method="quadrature", random_seed=1, progressbar=False, draws=200)
+    for group in ("posterior", "log_likelihood", "observed_data", "constant_data", "ep"):
+        assert group in idata.groups()
+    assert idata.posterior["w"].dims == ("chain", "draw", "coef")
+    assert list(idata.posterior["coef"].values) == ["x0", "x1"]
+    assert idata.posterior["p"].shape == (2, 200, 60)  # the deterministic is computed
+    np.testing.assert_allclose(idata.posterior["p"].values[0, 0], special.expit(X @ idata.posterior["w"].values[0, 0]))
+    assert idata.log_likelihood["y"].shape == (2, 200, 60)
+    np.testing.assert_array_equal(idata.observed_data["y"].values, y)
+    np.testing.assert_array_equal(idata.constant_data["X"].values, X)
+    assert np.isfinite(az.loo(idata).elpd_loo)
+
+
+def test_same_seed_same_result():
+    model, _, _ = logistic_model(4, N=80)
+    a = pmkjit.fit(model=model, random_seed=11, progressbar=False, draws=100)
+    b = pmkjit.fit(model=model, random_seed=11, progressbar=False, draws=100)
+    np.testing.assert_array_equal(a.posterior["w"].values, b.posterior["w"].values)
+
+
+def test_compound_gamma_matches_brute_force_grid():
+    rng = np.random.default_rng(5)
+    x = rng.normal(0.0, 0.7, size=40)
+    with pm.Model() as model:
+        r = pm.Gamma("r", 1.0, 1.0)
+        tau = pm.Gamma("tau", 1.0, r)
+        pm.Normal("x", 0.0, 1.0 / pm.math.sqrt(tau), observed=x)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=20000)
+    # brute force over (log r, log tau)
+    lr, lt = np.meshgrid(np.linspace(-8, 4, 601), np.linspace(-4, 4, 601), indexing="ij")
+    R, T = np.exp(lr), np.exp(lt)
+    logp = (lr - R) + (lt + np.log(R) - R * T) + 0.5 * x.size * lt - 0.5 * T * np.sum(x**2)
+    p = np.exp(logp - logp.max())
+    p /= p.sum()
+    for name, v in (("r", R), ("tau", T)):
+        m = np.sum(p * v)
+        s = np.sqrt(np.sum(p * (v - m) ** 2))
+        me, se = ep_moments(idata, name)
+        assert abs(me - m) / s < 0.2, name
+        assert abs(se / s - 1) < 0.25, name
+
+
+def test_hierarchical_scale_and_robust_likelihood_run_and_are_sensible():
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(80, 2))
+    y = X @ np.array([1.0, -1.0]) + 0.3 * rng.standard_t(4, size=80)
+    with pm.Model() as model:
+        s = pm.HalfNormal("s", 2.0)
+        w = pm.Normal("w", 0.0, s, shape=2)
+        pm.StudentT("y", nu=4, mu=X @ w, sigma=0.3, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=500)
+    mean, sd = ep_moments(idata, "w")
+    assert np.all(np.abs(mean - np.array([1.0, -1.0])) < 4 * sd + 0.1)
+    assert np.all(idata.posterior["s"].values > 0)
+    assert idata.ep.attrs["converged"] == 1
+
+
+def test_operator_store_reuse_and_corrupt_file(tmp_path):
+    model, _, _ = logistic_model(7, N=300)
+    first = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=50, operators=tmp_path)
+    files = list(tmp_path.glob("*.npz"))
+    assert len(files) == 1
+    model2, _, _ = logistic_model(8, N=300)
+    second = pmkjit.fit(model=model2, random_seed=0, progressbar=False, draws=50, operators=tmp_path)
+    assert second.ep.oracle_calls.values.sum() < first.ep.oracle_calls.values.sum() / 2
+    files[0].write_bytes(b"not an npz file")
+    with pytest.raises(OperatorFileError, match=files[0].name):
+        pmkjit.fit(model=model2, random_seed=0, progressbar=False, operators=tmp_path)
+
+
+def test_custom_dist_and_simulator_factors():
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=60)
+    y = 0.8 * x + 0.5 * rng.normal(size=60)
+
+    def dist(mu, size):
+        return pm.Normal.dist(mu, 0.5, size=size)
+
+    with pm.Model() as custom:
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.CustomDist("y", b * x, dist=dist, observed=y)
+    idata = pmkjit.fit(model=custom, random_seed=0, progressbar=False, draws=500)
+    assert "pymc" in idata.ep.attrs["weights"]
+    exact_prec = 1.0 + np.sum(x**2) / 0.25
+    exact_mean = np.sum(x * y) / 0.25 / exact_prec
+    mean, sd = ep_moments(idata, "b")
+    assert abs(mean - exact_mean) < 0.2 / np.sqrt(exact_prec)
+
+    def simulate(rng, mu, size=None):
+        return rng.normal(mu, 0.5, size=size)
+
+    with pm.Model() as sim:
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Simulator("y", simulate, b * x, epsilon=0.3, observed=y)
+    with pytest.warns(UserWarning, match="kernel"):
+        idata = pmkjit.fit(model=sim, random_seed=0, progressbar=False, draws=200, method="oracle",
+                           n_importance_samples=4000, max_sweeps=8)
+    assert "abc-kernel" in idata.ep.attrs["weights"]
+    mean, _ = ep_moments(idata, "b")
+    assert abs(mean - exact_mean) < 0.3
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: pm.Poisson("k", 3.0), "discrete"),
+        (lambda: pm.Uniform("u", -1.0, 3.0), "interval"),
+        (lambda: pm.Potential("pot", -pm.Normal("z", 0, 1) ** 2), "Potential"),
+    ],
+)
+def test_unsupported_models_name_the_variable(build, match):
+    with pm.Model() as model:
+        build()
+        pm.Normal("obs", 0.0, 1.0, observed=np.zeros(3))
+    with pytest.raises(UnsupportedModelError, match=match):
+        pmkjit.fit(model=model, progressbar=False)
+
+
+def test_non_elementwise_dependence_is_refused():
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0, shape=4)
+        pm.Poisson("y", mu=pm.math.exp(pm.math.cumsum(pm.math.exp(w))), observed=np.ones(4, dtype=int))
+    with pytest.raises(UnsupportedModelError, match="y"):
+        pmkjit.fit(model=model, progressbar=False)
+
+
+def test_missing_data_is_refused():
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pm.Normal("y", w, 1.0, observed=np.array([0.1, np.nan, 0.3]))
+    with pytest.raises(UnsupportedModelError, match="y"):
+        pmkjit.fit(model=model, progressbar=False)
+
+
+def test_bad_arguments():
+    model, _, _ = logistic_model(10, N=20)
+    with pytest.raises(ValueError, match="method"):
+        pmkjit.fit(model=model, method="nuts")
+    with pytest.raises(ValueError, match="damping"):
+        pmkjit.fit(model=model, damping=0.0)
