@@ -24,6 +24,7 @@ from numpy.typing import ArrayLike
 
 from pmkjit._random import RandomState, as_generator
 from pmkjit._sklearn_compat import BaseEstimator, TransformerMixin
+from pmkjit.features.random_fourier import RandomFourierFeatures
 
 __all__ = ["Basis", "BasisConcat", "Hyperparameter"]
 
@@ -314,10 +315,5 @@ def _as_param(v: np.ndarray):
     return float(v) if v.ndim == 0 else v.copy()
 
 
-def _as_2d(X: ArrayLike) -> np.ndarray:
-    X = np.asarray(X, dtype=float)
-    if X.ndim != 2:
-        raise ValueError(f"expected a 2-D array (n_samples, n_features), got shape {X.shape}")
-    if not np.isfinite(X).all():
-        raise ValueError("input contains NaN or infinity")
-    return X
+# one input check for every feature map (the random Fourier transformer's)
+_as_2d = RandomFourierFeatures._as_2d

@@ -9,7 +9,7 @@ import numpy as np
 from pmkjit._sklearn_compat import HAVE_SKLEARN, check_is_fitted
 from pmkjit.bases import Basis, BasisConcat, LinearBasis, RandomFourierBasis
 
-__all__ = ["default_basis", "fit_basis", "check_Xy", "check_X", "prior_specs", "column_blocks"]
+__all__ = ["default_basis", "fit_basis", "check_Xy", "check_X", "prior_specs", "column_blocks", "check_probability"]
 
 
 def default_basis() -> Basis:
@@ -46,6 +46,12 @@ def column_blocks(basis: Basis) -> tuple[list[str], np.ndarray]:
         names.append(name)
         owner[s] = i
     return names, owner
+
+
+def check_probability(value: float, name: str) -> None:
+    """Raise ``ValueError`` unless ``0 < value < 1``."""
+    if not 0 < value < 1:
+        raise ValueError(f"{name} must be in (0, 1), got {value}")
 
 
 def check_Xy(estimator, X, y, *, y_numeric: bool = True) -> tuple[np.ndarray, np.ndarray]:

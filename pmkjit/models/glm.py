@@ -35,7 +35,7 @@ from scipy import special
 from pmkjit._random import RandomState, as_generator
 from pmkjit._sklearn_compat import BaseEstimator, RegressorMixin
 from pmkjit.bases import Basis, Hyperparameter
-from pmkjit.models._common import check_X, check_Xy, column_blocks, fit_basis, prior_specs
+from pmkjit.models._common import check_probability, check_X, check_Xy, column_blocks, fit_basis, prior_specs
 from pmkjit.models._params import ParamVector
 from pmkjit.models.likelihoods import Likelihood, get_likelihood
 
@@ -255,8 +255,7 @@ class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
         ndarray of shape (n_samples,)
             The smallest ``a`` with ``P(y <= a) >= q`` (an integer for count likelihoods).
         """
-        if not 0 < q < 1:
-            raise ValueError(f"q must be in (0, 1), got {q}")
+        check_probability(q, "q")
         F = self._latent(X)
         mean, var = self.predict_moments(X)
         width = 10.0 * np.sqrt(var) + 1.0
@@ -276,8 +275,7 @@ class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
         -------
         lower, upper : ndarray of shape (n_samples,)
         """
-        if not 0 < coverage < 1:
-            raise ValueError(f"coverage must be in (0, 1), got {coverage}")
+        check_probability(coverage, "coverage")
         return self.predict_quantile(X, 0.5 - coverage / 2), self.predict_quantile(X, 0.5 + coverage / 2)
 
 

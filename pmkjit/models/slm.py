@@ -33,7 +33,7 @@ from scipy import linalg, optimize, stats
 from pmkjit._random import RandomState, as_generator
 from pmkjit._sklearn_compat import BaseEstimator, RegressorMixin
 from pmkjit.bases import Basis
-from pmkjit.models._common import check_X, check_Xy, column_blocks, fit_basis, prior_specs
+from pmkjit.models._common import check_probability, check_X, check_Xy, column_blocks, fit_basis, prior_specs
 from pmkjit.models._params import ParamVector
 from pmkjit.regression import BayesianLinearRegression
 
@@ -204,8 +204,7 @@ class StandardLinearModel(RegressorMixin, BaseEstimator):
         -------
         lower, upper : ndarray of shape (n_samples,)
         """
-        if not 0 < coverage < 1:
-            raise ValueError(f"coverage must be in (0, 1), got {coverage}")
+        check_probability(coverage, "coverage")
         mean, var = self.predict_moments(X)
         half = stats.norm.ppf(0.5 + coverage / 2) * np.sqrt(var)
         return mean - half, mean + half
