@@ -15,6 +15,7 @@ from pymc.backends.arviz import coords_and_dims_for_inferencedata, find_constant
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine
 from pmkjit.ep.methods import FactorOracle, KJITMethod, quadrature_possible
+from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.store import OperatorStore
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.graph import build_factor_graph
@@ -156,6 +157,12 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
     methods, kjits, oracles = [], [], []
     for f in graph.factors:
         sub = np.random.default_rng(rng.integers(2**63 - 1))
+        if f.analytic is not None:
+            semi = NormalScaleMethod("scale" if f.analytic == "normal-scale" else "precision")
+            methods.append(semi)
+            kjits.append(None)
+            oracles.append(_NoOracle())
+            continue
         can_quad = quadrature_possible(f)
         if method == "quadrature" and not can_quad:
             raise UnsupportedModelError(
@@ -181,6 +188,12 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             kjits.append(None)
             methods.append(orc)
     return methods, kjits, oracles
+
+
+class _NoOracle:
+    """Stands in the per-factor oracle list for semi-analytic factors (never called)."""
+
+    n_calls = 0
 
 
 class _progress:

@@ -241,3 +241,28 @@ def test_bad_arguments():
         pmkjit.fit(model=model, method="nuts")
     with pytest.raises(ValueError, match="damping"):
         pmkjit.fit(model=model, damping=0.0)
+
+
+def test_normal_with_latent_scale_is_semi_analytic_and_matches_grid():
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=60)
+    y = 0.7 * x + 0.4 * rng.normal(size=60)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0)
+        sigma = pm.HalfNormal("sigma", 1.0)
+        pm.Normal("y", b * x, sigma, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=20000)
+    assert "semi-analytic" in idata.ep.attrs["factor_graph"]
+    assert idata.ep.oracle_calls.values[-1] == 0  # the likelihood needs no oracle
+    B, LS = np.meshgrid(np.linspace(0.2, 1.2, 401), np.linspace(-2.5, 0.0, 401), indexing="ij")
+    S = np.exp(LS)
+    logp = (-0.5 * B**2 - 0.5 * S**2 + LS  # priors (HalfNormal in log space: + log s Jacobian)
+            - x.size * LS - 0.5 * ((y[None, None, :] - B[..., None] * x) ** 2).sum(-1) / S**2)
+    p = np.exp(logp - logp.max())
+    p /= p.sum()
+    for name, v in (("b", B), ("sigma", S)):
+        m = np.sum(p * v)
+        s = np.sqrt(np.sum(p * (v - m) ** 2))
+        me, se = ep_moments(idata, name)
+        assert abs(me - m) / s < 0.1, name
+        assert abs(se / s - 1) < 0.1, name

@@ -289,6 +289,8 @@ class _Builder:
         if var.in_gaussian_block:
             if opname == "NormalRV" and self._try_gaussian_term(rv, params, prior=True):
                 return
+            if opname == "NormalRV" and self._try_normal_scale(rv, params, prior=True):
+                return
             if opname == "MvNormalRV":
                 self._mvnormal_prior(rv, params)
                 return
@@ -331,6 +333,8 @@ class _Builder:
             return
         if opname in _CONJUGATE and self._try_conjugate(rv, opname, params, y):
             return
+        if opname == "NormalRV" and self._try_normal_scale(rv, params, prior=False, y=y):
+            return
         if opname in _SPLIT and self._try_split(rv, opname, params, y):
             return
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
@@ -367,6 +371,49 @@ class _Builder:
             R, target = A, y.ravel()
         name = f"prior of {rv.name}" if prior else f"likelihood of {rv.name}"
         self.graph.gaussian_terms.append(GaussianTerm(name, R, c, target, prec))
+        return True
+
+    def _try_normal_scale(self, rv, params, *, prior: bool, y=None) -> bool:
+        """Normal with an affine mean and a latent Gamma-family scale or precision."""
+        mu, sigma = params
+        deps = latent_ancestors(sigma, self.latent_rvs)
+        if len(deps) != 1 or self.variables[deps[0].name].family is not Gamma:
+            return False
+        var = self.variables[rv.name] if prior else None
+        plate = var.shape if prior else y.shape
+        D, B = self.graph.n_theta, int(np.prod(plate, dtype=int))
+        for link, name in (("identity", "normal-scale"), ("rsqrt", "normal-precision")):
+            index = self._linked_index(sigma, deps[0], plate, link)
+            if index is not None:
+                break
+        else:
+            return False
+        mu_v = self._constant(mu)
+        if mu_v is not None and not prior:
+            return False  # a constant mean leaves one latent: plain 1-D quadrature is exact
+        if mu_v is not None:
+            A, c = np.zeros((B, D)), self._broadcast(mu_v, plate, rv.name, mu)
+        else:
+            mdeps = latent_ancestors(mu, self.latent_rvs)
+            if not all(self.variables[d.name].in_gaussian_block for d in mdeps):
+                return False
+            affine = affine_coefficients(mu, self.block, D, plate, self.rng)
+            if affine is None:
+                return False
+            A, c = affine
+        if prior:  # the residual x - mu, "observed" at 0
+            A, c, observed = _unit_rows(var, D) - A, -c, np.zeros(B)
+        else:
+            observed = y.ravel()
+        slots = [LinearSlot(A, c, f"{rv.name} - mean" if prior else f"mean of {rv.name}"),
+                 ElementSlot(deps[0].name, index, Gamma, deps[0].name)]
+        what = "prior" if prior else "likelihood"
+        self.graph.factors.append(BlackBoxFactor(
+            name=rv.name, kind="likelihood", inputs=slots, sampler=None, logp=None, density_source="pymc",
+            key=f"{name}", description=f"{rv.name}: {what} Normal with latent "
+            f"{'scale' if link == 'identity' else 'precision'} {deps[0].name} (semi-analytic)",
+            observed=observed, size=B, analytic=name, from_prior=prior,
+        ))
         return True
 
     def _mvnormal_prior(self, rv, params) -> None:

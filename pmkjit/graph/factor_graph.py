@@ -155,6 +155,12 @@ class BlackBoxFactor:
         How ``logp`` weighs samples: ``"pymc"`` (the model's density),
         ``"abc-kernel"`` (a kernel on the distance to the observed value) or
         ``"deterministic"``.
+    analytic : str, optional
+        ``"normal-scale"`` or ``"normal-precision"``: a Normal factor with a latent scale
+        (or precision) and a linear mean, whose tilted moments are semi-analytic.
+    from_prior : bool
+        The factor is a latent's prior rewritten as a likelihood (its residual is the
+        slot); EP initialises its site from the prior.
     key : str
         Identifies the factor's form (graph and families, not names or data), so a
         learned operator can be reused by another model with the same factor.
@@ -175,6 +181,8 @@ class BlackBoxFactor:
     function: Callable | None = None
     scipy_function: Callable | None = None
     size: int = 0
+    analytic: str | None = None
+    from_prior: bool = False
 
     @property
     def latent_inputs(self) -> list[int]:
