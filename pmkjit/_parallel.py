@@ -66,9 +66,9 @@ def _exit_single_threaded_blas() -> None:
 def for_row_blocks(fn: Callable[[int, int], None], n_rows: int, block_rows: int, workers: int | None = None) -> None:
     """Call ``fn(lo, hi)`` for consecutive row blocks ``[lo, hi)`` covering ``range(n_rows)``.
 
-    Blocks are dealt in contiguous runs to ``workers`` threads (default
-    :func:`n_workers`; the calling thread is one of them), with BLAS limited to one
-    thread while they run. ``fn`` must only write rows ``lo:hi`` of shared outputs.
+    Blocks are handed out in order to ``workers`` threads (default :func:`n_workers`;
+    the calling thread is one of them), each taking the next block when it is done,
+    with BLAS limited to one thread while they run. ``fn`` must only write rows ``lo:hi`` of shared outputs.
     Nested calls (from inside ``fn``) and single-block inputs run serially.
 
     Parameters
@@ -92,23 +92,29 @@ def for_row_blocks(fn: Callable[[int, int], None], n_rows: int, block_rows: int,
             fn(lo, hi)
         return
 
-    def run(chunk: list[tuple[int, int]]) -> None:
+    # Blocks are handed out one at a time rather than split in fixed halves: on a shared
+    # machine a thread whose core is taken by another process simply does fewer blocks.
+    next_block = iter(blocks)
+    take = threading.Lock()
+
+    def run() -> None:
         _local.inside = True
         try:
-            for lo, hi in chunk:
-                fn(lo, hi)
+            while True:
+                with take:
+                    block = next(next_block, None)
+                if block is None:
+                    return
+                fn(*block)
         finally:
             _local.inside = False
 
-    # contiguous runs of blocks, as equal in rows as the blocks allow
-    edges = [round(i * len(blocks) / workers) for i in range(workers + 1)]
-    chunks = [blocks[edges[i] : edges[i + 1]] for i in range(workers)]
     pool = _get_pool(workers - 1)
     _enter_single_threaded_blas()
     try:
-        futures = [pool.submit(run, chunk) for chunk in chunks[1:]]
+        futures = [pool.submit(run) for _ in range(workers - 1)]
         try:
-            run(chunks[0])
+            run()
         finally:
             errors = [f.exception() for f in futures]  # wait for all before leaving
         for err in errors:

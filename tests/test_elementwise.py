@@ -1,6 +1,7 @@
 """Compiled feature kernels and blocked prediction agree with the float64 numpy reference."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -165,6 +166,7 @@ def test_for_row_blocks_covers_every_row_once_and_propagates_errors():
     def fn(lo, hi):
         hits[lo:hi] += 1
         names.add(threading.current_thread().name)
+        time.sleep(0.002)  # blocks are handed out dynamically: give the second thread its turn
         _parallel.for_row_blocks(lambda a, b: None, 10, 3)  # nested calls run serially
 
     _parallel.for_row_blocks(fn, 1003, 64, workers=2)
