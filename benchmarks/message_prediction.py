@@ -106,7 +106,8 @@ def kernel_table(train, test, truth_train, truth_test, seed: int, n_inner: int, 
     for name, features in kernels.items():
         for relative in (True, False):
             t0 = time.perf_counter()
-            op = KJITOperator((Gaussian, Beta), targets=(0,), features=features, relative=relative, random_state=seed)
+            form = "relative" if relative else "absolute"
+            op = KJITOperator((Gaussian, Beta), targets=(0,), features=features, target_form=form, random_state=seed)
             op.fit(train, (truth_train,))
             fit_time = time.perf_counter() - t0
             (pred,), var = op.predict(test)

@@ -23,6 +23,7 @@ from pmkjit.graph import build_factor_graph
 __all__ = ["fit", "EPNotConvergedWarning"]
 
 _METHODS = ("kjit", "oracle", "quadrature")
+_MIN_AUTO_DAMPING = 0.05
 _ORACLES = ("auto", "quadrature", "importance")
 
 
@@ -40,7 +41,7 @@ def fit(
     method: str = "kjit",
     oracle: str = "auto",
     operators: str | Path | None = None,
-    damping: float = 0.5,
+    damping: float | str = "auto",
     max_sweeps: int = 50,
     tol: float = 1e-3,
     n_importance_samples: int = 100_000,
@@ -70,8 +71,10 @@ def fit(
         Directory of learned KJIT operators: operators found there are loaded (so a
         second fit of a similar model needs few or no oracle calls) and all operators
         are written back after the fit.
-    damping : float in (0, 1]
-        Weight of new sites in each EP update.
+    damping : "auto" or float in (0, 1]
+        Weight of new sites in each EP update. ``"auto"`` starts undamped and halves
+        the weight (down to 0.05) whenever a sweep changes the posterior more than the
+        sweep before (an overshoot or oscillation); a float fixes it.
     max_sweeps : int
     tol : float
         Convergence: largest change of a posterior mean (in posterior sds) or log sd
@@ -98,8 +101,13 @@ def fit(
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     if oracle not in _ORACLES:
         raise ValueError(f"oracle must be one of {_ORACLES}, got {oracle!r}")
-    if not 0.0 < damping <= 1.0:
-        raise ValueError(f"damping must be in (0, 1], got {damping}")
+    if isinstance(damping, str):
+        if damping != "auto":
+            raise ValueError(f"damping must be 'auto' or a float in (0, 1], got {damping!r}")
+    elif not 0.0 < damping <= 1.0:
+        raise ValueError(f"damping must be 'auto' or in (0, 1], got {damping}")
+    adaptive = damping == "auto"
+    step = 1.0 if adaptive else float(damping)
     model = pm.modelcontext(model)
     rng = as_generator(random_seed)
     timings: dict[str, float] = {}
@@ -120,7 +128,9 @@ def fit(
     t_ep = time.perf_counter()
     with _progress(progressbar, max_sweeps if graph.factors else 0) as advance:
         for sweeps in range(1, (max_sweeps if graph.factors else 0) + 1):
-            state, info = engine.sweep(graph, prior, state, methods, damping=damping)
+            state, info = engine.sweep(graph, prior, state, methods, damping=step)
+            if adaptive and trace and info.max_change > trace[-1]:
+                step = max(0.5 * step, _MIN_AUTO_DAMPING)
             trace.append(info.max_change)
             for k in events:
                 events[k] += getattr(info, k)
@@ -146,7 +156,7 @@ def fit(
     t0 = time.perf_counter()
     idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
     timings["draws"] = time.perf_counter() - t0
-    ep = _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, method)
+    ep = _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "ep" is not one of ArviZ's schema groups
         idata.add_groups({"ep": ep})
@@ -256,7 +266,7 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
     return idata
 
 
-def _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, method) -> xr.Dataset:
+def _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, method, damping) -> xr.Dataset:
     names = [f.description for f in graph.factors]
     data = {
         "convergence": (("sweep",), np.asarray(trace, dtype=float)),
@@ -269,6 +279,7 @@ def _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, 
         "sweeps": int(sweeps),
         "converged": int(converged),
         "method": method,
+        "damping_final": float(damping),
         **{k: int(v) for k, v in events.items()},
         **{f"seconds_{k}": float(v) for k, v in timings.items()},
         "factor_graph": graph.summary(),

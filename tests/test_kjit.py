@@ -133,7 +133,7 @@ def test_corrupt_and_mismatched_files(fitted, tmp_path):
     with pytest.raises(OperatorFileError, match="version 99"):
         KJITOperator.load(other)
     del arrays["thresholds"]
-    arrays["meta/version"] = np.asarray(1)
+    arrays["meta/version"] = np.asarray(2)
     np.savez(other, **arrays)
     with pytest.raises(OperatorFileError, match="thresholds"):
         KJITOperator.load(other)

@@ -180,15 +180,25 @@ class KJITMethod:
     operator is fitted on at most ``first_batch`` of them. A large first batch is
     answered by the oracle on a random ``first_batch`` subset only; the operator,
     fitted on those, answers the rest (asking the oracle where it is unsure).
+
+    Every oracle answer is also offered to a bounded memory (a uniform reservoir).
+    When the regression's noise variance, re-estimated with each online update, grows
+    ``refit_ratio``-fold over its value at the last fit, the evidence says the feature
+    widths chosen then no longer fit the messages now arriving (in EP: the wide
+    cavities of the first sweep against the narrow ones of later sweeps), and the
+    operator is refitted, hyperparameter search included, on a sample of the memory.
     """
 
     def __init__(self, factor: BlackBoxFactor, oracle: FactorOracle, operator: KJITOperator | None, *,
                  first_batch: int = 1000, min_fit: int = 50, tolerance: float = 1e-3,
+                 refit_ratio: float = 10.0, max_refits: int = 5, memory: int = 4000,
                  rng: np.random.Generator):
         self.factor = factor
         self.oracle = oracle
         self.operator = operator if operator is not None else KJITOperator(
-            factor.families, targets=factor.targets, random_state=int(rng.integers(2**63 - 1))
+            # EP needs the outgoing message accurate, not the belief: "site" targets keep
+            # it so when cavities are narrow (large data sets)
+            factor.families, targets=factor.targets, target_form="site", random_state=int(rng.integers(2**63 - 1))
         )
         self.operator.tolerance = float(tolerance)
         self.first_batch = int(first_batch)
@@ -196,6 +206,66 @@ class KJITMethod:
         self.rng = rng
         self.last_variance: np.ndarray | None = None
         self._seen: list[tuple[tuple, tuple]] = []
+        self.refit_ratio = float(refit_ratio)
+        self.max_refits = int(max_refits)
+        self.n_refits = 0
+        self._memory_size = int(memory)
+        self._memory: tuple | None = None  # (messages, beliefs) batches
+        self._n_offered = 0  # answers offered to the reservoir so far
+        self._n_since_fit = 0
+        self._noise_at_fit = self._noise() if self.fitted else None
+
+    def _noise(self) -> np.ndarray:
+        return np.array(self.operator.regression_.noise_var_, dtype=float)
+
+    def _remember(self, msgs: tuple, bels: tuple) -> None:
+        """Offer answers to the reservoir (every answer offered so far is kept with equal probability)."""
+        n = len(msgs[0])
+        if n == 0:
+            return
+        size = 0 if self._memory is None else len(self._memory[0][0])
+        fill = min(self._memory_size - size, n)
+        if fill > 0:
+            head = (tuple(m[:fill] for m in msgs), tuple(b[:fill] for b in bels))
+            self._memory = head if self._memory is None else tuple(
+                tuple(type(a).concatenate([a, b]) for a, b in zip(part, new)) for part, new in zip(self._memory, head)
+            )
+            self._n_offered += fill
+            msgs, bels = tuple(m[fill:] for m in msgs), tuple(b[fill:] for b in bels)
+            n -= fill
+        if n <= 0:
+            return
+        # Reservoir sampling, vectorised: the k-th further answer takes a random slot with
+        # probability size / (answers offered so far); a slot drawn twice keeps the later.
+        offered = self._n_offered + np.arange(1, n + 1)
+        slot = np.floor(self.rng.random(n) * offered).astype(int)
+        self._n_offered += n
+        hit = np.flatnonzero(slot < self._memory_size)
+        if hit.size == 0:
+            return
+        slots, last = np.unique(slot[hit][::-1], return_index=True)
+        src = hit[::-1][last]
+        self._memory = tuple(
+            tuple(_scatter(a, slots, b[src]) for a, b in zip(part, new))
+            for part, new in zip(self._memory, (msgs, bels))
+        )
+
+    def _refit_if_stale(self) -> None:
+        if self.n_refits >= self.max_refits or self._n_since_fit < self.min_fit or self._memory is None:
+            return
+        if not np.any(self._noise() > self.refit_ratio * self._noise_at_fit):
+            return
+        msgs, bels = self._memory
+        n = len(msgs[0])
+        if n > self.first_batch:
+            keep = np.sort(self.rng.choice(n, self.first_batch, replace=False))
+            msgs, bels = tuple(m[keep] for m in msgs), tuple(b[keep] for b in bels)
+        calls, preds = self.operator.n_oracle_calls, self.operator.n_predictions
+        self.operator.fit(msgs, bels)
+        self.operator.n_oracle_calls, self.operator.n_predictions = calls, preds
+        self.n_refits += 1
+        self._n_since_fit = 0
+        self._noise_at_fit = self._noise()
 
     @property
     def fitted(self) -> bool:
@@ -206,8 +276,15 @@ class KJITMethod:
         B = len(messages[0])
         call = self.oracle.as_operator_oracle()
         if self.fitted:
+            if self._noise_at_fit is None:
+                self._noise_at_fit = self._noise()
             result = self.operator(messages, call)
             self.last_variance = result.variance
+            asked = np.flatnonzero(np.asarray(result.uncertain, bool) & np.asarray(result.accepted, bool))
+            if asked.size:
+                self._remember(tuple(m[asked] for m in messages), tuple(b[asked] for b in result.beliefs))
+                self._n_since_fit += asked.size
+                self._refit_if_stale()
             return Answer(tuple(result.beliefs), np.asarray(result.accepted, bool))
         n = min(B, self.first_batch)
         sub = np.sort(self.rng.choice(B, n, replace=False)) if n < B else np.arange(B)
@@ -221,9 +298,11 @@ class KJITMethod:
             if len(msgs[0]) > self.first_batch:
                 keep = np.sort(self.rng.choice(len(msgs[0]), self.first_batch, replace=False))
                 msgs, bels = tuple(m[keep] for m in msgs), tuple(b[keep] for b in bels)
+            self._remember(msgs, bels)
             self.operator.fit(msgs, bels)
             self.operator.n_oracle_calls += n
             self._seen = []
+            self._noise_at_fit = self._noise()
         else:
             self.operator.n_oracle_calls += n
         if n == B:

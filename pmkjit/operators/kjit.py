@@ -8,7 +8,8 @@ variable, it predicts the projected tilted belief of chosen target variables:
    mean embeddings, :class:`~pmkjit.features.GaussianJointEmbeddingFeatures`);
 2. multi-output Bayesian linear regression onto the belief's regression targets
    (Gaussian: mean and log variance; Beta: log alpha, log beta; Gamma: log shape and
-   log rate), by default relative to the incoming message of the same variable;
+   log rate), by default relative to the incoming message of the same variable, or,
+   for Gaussian targets in EP, as the outgoing message itself (``target_form="site"``);
 3. the regression's epistemic variance per output decides which inputs it trusts;
    the others go to the oracle, and its answers update the regression online.
 
@@ -40,7 +41,8 @@ from pmkjit.regression import BayesianLinearRegression
 __all__ = ["KJITOperator", "KJITResult"]
 
 FILE_FORMAT = "pmkjit.KJITOperator"
-FILE_VERSION = 1
+FILE_VERSION = 2
+_TARGET_FORMS = ("relative", "site", "absolute")
 _FEATURE_CLASSES = {
     cls.__name__: cls
     for cls in (
@@ -98,11 +100,19 @@ class KJITOperator:
     search : mapping of parameter name to candidate values, optional
         Hyperparameters of the feature map searched by log evidence on the first
         minibatch; defaults depend on the feature class. ``{}`` disables the search.
-    relative : bool, default True
-        Regress the belief relative to the incoming message of the same variable
-        (Gaussian: mean shift in incoming standard deviations and log variance ratio;
-        others: differences of regression targets). The belief then starts from the
-        message it refines, which makes the targets smaller and smoother.
+    target_form : {"relative", "site", "absolute"}, default "relative"
+        What is regressed. ``"relative"``: the belief relative to the incoming message
+        of the same variable (Gaussian: mean shift in incoming standard deviations and
+        log variance ratio; others: differences of regression targets), so the belief
+        starts from the message it refines and the targets are small and smooth.
+        ``"site"``: for Gaussian targets, the outgoing message (the EP site) through
+        g = (mu_b - mu_c) / v_c and t = log(v_c / v_b) / v_c, with (mu_c, v_c) the
+        incoming and (mu_b, v_b) the belief's moments (other families as "relative").
+        These tend to the derivatives of the log partition function as v_c -> 0, so a
+        narrow cavity (a large data set) keeps the site's relative accuracy, where the
+        relative form's targets shrink to zero like v_c and its absolute errors blow up
+        in the site's precision; the belief variance v_c exp(-v_c t) is always proper.
+        ``"absolute"``: the belief's own targets (the original KJIT code).
     threshold_quantile : float, default 0.9
         Quantile of held-out epistemic variance that sets each output's threshold.
     holdout : float, default 0.2
@@ -125,7 +135,7 @@ class KJITOperator:
         *,
         features=None,
         search: Mapping[str, Sequence[float]] | None = None,
-        relative: bool = True,
+        target_form: str = "relative",
         threshold_quantile: float = 0.9,
         holdout: float = 0.2,
         tolerance: float = 0.0,
@@ -135,7 +145,9 @@ class KJITOperator:
         self.targets = tuple(range(len(self.families))) if targets is None else tuple(int(t) for t in targets)
         self.features = features
         self.search = search
-        self.relative = relative
+        if target_form not in _TARGET_FORMS:
+            raise ValueError(f"target_form must be one of {_TARGET_FORMS}, got {target_form!r}")
+        self.target_form = target_form
         self.threshold_quantile = threshold_quantile
         self.holdout = holdout
         self.tolerance = float(tolerance)
@@ -155,10 +167,16 @@ class KJITOperator:
         cols = []
         for t, belief in zip(self.targets, beliefs):
             y = np.asarray(belief.regression_targets(), dtype=float)
-            if self.relative:
+            if self.target_form != "absolute":
                 y = y - _reference(messages[t])
                 if self.families[t] is Gaussian:
-                    y[:, 0] = (belief.mean() - messages[t].mean()) / np.sqrt(messages[t].var())
+                    v_c = messages[t].var()
+                    shift = belief.mean() - messages[t].mean()
+                    if self.target_form == "site":
+                        y[:, 0] = shift / v_c
+                        y[:, 1] = -y[:, 1] / v_c  # log(v_c / v_b) / v_c
+                    else:
+                        y[:, 0] = shift / np.sqrt(v_c)
             cols.append(y)
         return np.concatenate(cols, axis=1)
 
@@ -167,9 +185,14 @@ class KJITOperator:
         for j, t in enumerate(self.targets):
             y = np.array(Y[:, 2 * j : 2 * j + 2], dtype=float)
             fam = self.families[t]
-            if self.relative:
+            if self.target_form != "absolute":
                 if fam is Gaussian:
-                    shift = y[:, 0] * np.sqrt(messages[t].var())
+                    v_c = messages[t].var()
+                    if self.target_form == "site":
+                        shift = y[:, 0] * v_c
+                        y[:, 1] = -y[:, 1] * v_c
+                    else:
+                        shift = y[:, 0] * np.sqrt(v_c)
                     y = y + _reference(messages[t])
                     y[:, 0] = messages[t].mean() + shift
                 else:
@@ -343,7 +366,7 @@ class KJITOperator:
             "meta/version": np.asarray(FILE_VERSION),
             "meta/families": np.asarray([f.name for f in self.families]),
             "meta/targets": np.asarray(self.targets),
-            "meta/relative": np.asarray(self.relative),
+            "meta/target_form": np.asarray(self.target_form),
             "meta/feature_class": np.asarray(type(self.features_).__name__),
             "meta/threshold_quantile": np.asarray(self.threshold_quantile),
             "thresholds": self.thresholds_,
@@ -401,7 +424,7 @@ class KJITOperator:
             op = cls(
                 fams,
                 targets=arrays["meta/targets"].tolist(),
-                relative=bool(arrays["meta/relative"]),
+                target_form=str(arrays["meta/target_form"]),
                 threshold_quantile=float(arrays["meta/threshold_quantile"]),
             )
             feature_cls = _FEATURE_CLASSES[str(arrays["meta/feature_class"])]
