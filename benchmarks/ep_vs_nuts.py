@@ -18,7 +18,7 @@ its own: with ~1000 effective draws the standard error of a NUTS mean is ~0.03 s
 
 Prints a table and saves ``benchmarks/results/ep_vs_nuts.json``.
 
-Run: ``python benchmarks/ep_vs_nuts.py`` (about 5 minutes on 2 cores);
+Run: ``python benchmarks/ep_vs_nuts.py`` (about 2-4 minutes on 2 cores);
 ``--models logistic_400 probit`` for a subset.
 """
 
