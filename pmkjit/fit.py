@@ -78,7 +78,7 @@ def fit(
     max_sweeps : int
     tol : float
         Convergence: largest change of a posterior mean (in posterior sds) or log sd
-        between sweeps.
+        between sweeps, divided by the damping of the sweep.
     n_importance_samples : int
         Samples per message tuple of the importance-sampling oracle.
     compute_log_likelihood : bool
@@ -129,6 +129,9 @@ def fit(
     with _progress(progressbar, max_sweeps if graph.factors else 0) as advance:
         for sweeps in range(1, (max_sweeps if graph.factors else 0) + 1):
             state, info = engine.sweep(graph, prior, state, methods, damping=step)
+            # A damped sweep moves a fraction ``step`` of the way: change / step estimates
+            # the distance still to go, so heavy damping cannot pass for convergence.
+            done = info.max_change < tol * step
             if adaptive and trace and info.max_change > trace[-1]:
                 step = max(0.5 * step, _MIN_AUTO_DAMPING)
             trace.append(info.max_change)
@@ -137,7 +140,7 @@ def fit(
             for k, v in info.seconds.items():
                 timings[k] = timings.get(k, 0.0) + v
             advance(info.max_change)
-            if info.max_change < tol:
+            if done:
                 converged = True
                 break
     timings["ep"] = time.perf_counter() - t_ep
