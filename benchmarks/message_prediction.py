@@ -25,6 +25,7 @@ import argparse
 import json
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,33 @@ def collect_messages(n_problems: int, n_iter: int, d: int, n: int, seed: int, da
 
 def messages_of(mu, var, y):
     return (Gaussian(mu, var), Beta(1.0 + y, 2.0 - y))
+
+
+@dataclass
+class Split:
+    """Collected message tuples, the seeded train/test split and its quadrature ground truth."""
+
+    mu: np.ndarray
+    var: np.ndarray
+    y: np.ndarray
+    tr: np.ndarray
+    te: np.ndarray
+    train: tuple
+    test: tuple
+    truth_train: Gaussian
+    truth_test: Gaussian
+    oracle: QuadratureOracle
+
+
+def collect_split(problems: int, seed: int, n_train: int, n_test: int) -> Split:
+    """The benchmark's messages (first 5 EP sweeps, d = 20, N = 400) and its seeded split."""
+    print("collecting messages from parallel EP on toy logistic regression ...", flush=True)
+    mu, var, y = collect_messages(problems, 5, 20, 400, seed)
+    perm = np.random.default_rng(seed + 1).permutation(mu.size)
+    tr, te = perm[:n_train], perm[n_train : n_train + n_test]
+    train, test = messages_of(mu[tr], var[tr], y[tr]), messages_of(mu[te], var[te], y[te])
+    quad = QuadratureOracle(special.expit, (Gaussian, Beta), unconstrained_function=lambda z: z)
+    return Split(mu, var, y, tr, te, train, test, quad(train).beliefs[0], quad(test).beliefs[0], quad)
 
 
 def log_kl(true: Gaussian, pred: Gaussian) -> np.ndarray:
@@ -241,15 +269,9 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
 
-    print("collecting messages from parallel EP on toy logistic regression ...", flush=True)
-    mu, var, y = collect_messages(args.problems, 5, 20, 400, args.seed)
-    rng = np.random.default_rng(args.seed + 1)
-    perm = rng.permutation(mu.size)
-    tr, te = perm[: args.n_train], perm[args.n_train : args.n_train + args.n_test]
-    train, test = messages_of(mu[tr], var[tr], y[tr]), messages_of(mu[te], var[te], y[te])
-    quad = QuadratureOracle(special.expit, (Gaussian, Beta), unconstrained_function=lambda z: z)
-    truth_train = quad(train).beliefs[0]
-    truth_test = quad(test).beliefs[0]
+    split = collect_split(args.problems, args.seed, args.n_train, args.n_test)
+    mu, var, y, quad = split.mu, split.var, split.y, split.oracle
+    train, test, truth_train, truth_test = split.train, split.test, split.truth_train, split.truth_test
     print(f"  {mu.size} message tuples; cavity means in [{mu.min():.1f}, {mu.max():.1f}], "
           f"variances in [{var.min():.2g}, {var.max():.2g}]")
 

@@ -55,11 +55,11 @@ from scipy.spatial import cKDTree
 from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark, also when imported
-from message_prediction import ROOT, collect_messages, log_kl, messages_of  # noqa: E402
+from message_prediction import ROOT, collect_split, log_kl, messages_of  # noqa: E402
 
 from pmkjit.families import Beta, Gaussian  # noqa: E402
 from pmkjit.features import GaussianJointEmbeddingFeatures  # noqa: E402
-from pmkjit.operators import KJITOperator, QuadratureOracle  # noqa: E402
+from pmkjit.operators import KJITOperator  # noqa: E402
 
 METHODS = ("KJIT", "random forest", "extra trees")
 
@@ -182,14 +182,9 @@ def run(args: argparse.Namespace) -> dict:
     from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor
 
     # -- training messages: the same collection and the same seeded split as message_prediction.py
-    print("collecting messages from parallel EP on toy logistic regression ...", flush=True)
-    mu, var, y = collect_messages(args.problems, 5, 20, 400, args.seed)
-    rng = np.random.default_rng(args.seed + 1)
-    perm = rng.permutation(mu.size)
-    tr, te = perm[: args.n_train], perm[args.n_train : args.n_train + args.n_test]
-    train, test = messages_of(mu[tr], var[tr], y[tr]), messages_of(mu[te], var[te], y[te])
-    quad = QuadratureOracle(special.expit, (Gaussian, Beta), unconstrained_function=lambda z: z)
-    truth_train, truth_test = quad(train).beliefs[0], quad(test).beliefs[0]
+    split = collect_split(args.problems, args.seed, args.n_train, args.n_test)
+    mu, var, y, tr, te, quad = split.mu, split.var, split.y, split.tr, split.te, split.oracle
+    train, truth_train, truth_test = split.train, split.truth_train, split.truth_test
     X_train = inputs_of(mu[tr], var[tr], y[tr])
     Y_train = relative_targets(truth_train, train[0])
     lo, hi = X_train.min(axis=0), X_train.max(axis=0)
