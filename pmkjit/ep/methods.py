@@ -116,7 +116,7 @@ class FactorOracle:
                 # quadrature refuses tilted laws it cannot resolve (e.g. a funnel); sampling can
                 self.n_fallback += refused.size
                 b_is, a_is = importance(refused)
-                beliefs = tuple(_scatter(b, refused, bi) for b, bi in zip(beliefs, b_is))
+                beliefs = tuple(b.scatter(refused, bi) for b, bi in zip(beliefs, b_is))
                 accepted = accepted.copy()
                 accepted[refused] = a_is
         else:
@@ -246,7 +246,7 @@ class KJITMethod:
         slots, last = np.unique(slot[hit][::-1], return_index=True)
         src = hit[::-1][last]
         self._memory = tuple(
-            tuple(_scatter(a, slots, b[src]) for a, b in zip(part, new))
+            tuple(a.scatter(slots, b[src]) for a, b in zip(part, new))
             for part, new in zip(self._memory, (msgs, bels))
         )
 
@@ -319,11 +319,6 @@ class KJITMethod:
         accepted[sub], accepted[rest] = answer.accepted, tail.accepted
         return Answer(tuple(beliefs), accepted)
 
-
-def _scatter(base: ExponentialFamily, index: np.ndarray, values: ExponentialFamily) -> ExponentialFamily:
-    natural = np.array(base.natural, dtype=float)
-    natural[index] = values.natural
-    return type(base).from_natural(natural)
 
 
 def point_masses(values: np.ndarray) -> PointMass:

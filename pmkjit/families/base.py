@@ -152,6 +152,12 @@ class ExponentialFamily(ABC):
         obj._set_natural(natural)
         return obj
 
+    def scatter(self, index, values: "ExponentialFamily") -> "ExponentialFamily":
+        """A copy of this batch with the entries at ``index`` replaced by ``values``."""
+        natural = np.array(self._natural, dtype=float)
+        natural[index] = values.natural
+        return type(self).from_natural(natural)
+
     @classmethod
     def concatenate(cls, items: Sequence["ExponentialFamily"], axis: int = 0) -> "ExponentialFamily":
         """Join batches along batch axis ``axis`` (single messages count as batches of one)."""

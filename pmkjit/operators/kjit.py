@@ -353,7 +353,7 @@ class KJITOperator:
             accepted[idx[~ok]] = False
             if ok.any():
                 self.update(_take(sub, np.flatnonzero(ok)), tuple(a[ok] for a in answers))
-            beliefs = tuple(_scatter(b, idx, a) for b, a in zip(beliefs, answers))
+            beliefs = tuple(b.scatter(idx, a) for b, a in zip(beliefs, answers))
         return KJITResult(beliefs, var, uncertain, accepted)
 
     # ----------------------------------------------------------------- I/O
@@ -493,11 +493,6 @@ def _reference(message: ExponentialFamily) -> np.ndarray:
 def _take(messages: Sequence[ExponentialFamily], index: np.ndarray) -> tuple:
     return tuple(m[index] for m in messages)
 
-
-def _scatter(base: ExponentialFamily, index: np.ndarray, values: ExponentialFamily) -> ExponentialFamily:
-    natural = np.array(base.natural, dtype=float)
-    natural[index] = values.natural
-    return type(base).from_natural(natural)
 
 
 def _section(arrays: dict, prefix: str) -> dict:
