@@ -8,6 +8,7 @@ from pmkjit.errors import OperatorFileError
 from pmkjit.families import Beta, Gamma, Gaussian
 from pmkjit.features import GaussianJointEmbeddingFeatures
 from pmkjit.operators import KJITOperator, QuadratureOracle
+from pmkjit.operators.kjit import FILE_VERSION
 
 
 class CountingOracle:
@@ -91,6 +92,61 @@ def test_call_asks_oracle_only_when_unsure_and_learns():
     assert third.uncertain.mean() < again.uncertain.mean() < res_far.uncertain.mean()
 
 
+def test_noise_floor_trusts_only_predictions_as_accurate_as_an_oracle_answer():
+    rng = np.random.default_rng(11)
+    train, test = incoming(rng, 600), incoming(rng, 400)
+    ops = {}
+    for floor in (0.0, 1.0):
+        ops[floor] = small_operator(seed=3, noise_floor=floor)
+        ops[floor](train, CountingOracle())
+    paper, floored = ops[0.0], ops[1.0]
+    np.testing.assert_array_equal(paper.current_thresholds(), paper.thresholds_)
+    assert np.all(floored.current_thresholds() >= floored.regression_.noise_var_)
+    oracle = CountingOracle()
+    truth = oracle.inner(test).beliefs[0]
+    Y = floored._encode((truth,), test)
+    (pred,), var = floored.predict(test)
+    err2 = (floored._encode((pred,), test) - Y) ** 2
+    trusted = ~np.any(var > floored.current_thresholds(), axis=1)
+    assert trusted.mean() > 0.5
+    # trusted predictions err about as much as the answers scatter about the fit
+    assert np.all(err2[trusted].mean(axis=0) < 3 * floored.regression_.noise_var_)
+    floored(test, oracle)
+    assert oracle.calls == (~trusted).sum()
+    with pytest.raises(ValueError, match="noise_floor"):
+        small_operator(noise_floor=-1.0)
+
+
+class NoisyOracle(CountingOracle):
+    """Quadrature answers with a random error in the mean, as an importance sampler's."""
+
+    def __init__(self, rng, rel_sd=0.05):
+        super().__init__()
+        self.rng, self.rel_sd = rng, rel_sd
+
+    def __call__(self, messages):
+        out = super().__call__(messages)
+        q = out.beliefs[0]
+        noisy = Gaussian(q.mean() + self.rel_sd * np.sqrt(q.var()) * self.rng.standard_normal(len(q)), q.var())
+        return out._replace(beliefs=(noisy, *out.beliefs[1:]))
+
+
+def test_noise_floor_skips_queries_an_oracle_cannot_improve():
+    rng = np.random.default_rng(12)
+    train, stream = incoming(rng, 600), [incoming(rng, 300) for _ in range(3)]
+    calls = {}
+    for floor in (0.0, 1.0):
+        op, oracle = small_operator(seed=4, noise_floor=floor), NoisyOracle(np.random.default_rng(0))
+        op(train, oracle)
+        oracle.calls = 0
+        for batch in stream:
+            op(batch, oracle)
+        calls[floor] = oracle.calls
+    # the paper's rule keeps asking about ordinary inputs at a fixed quantile rate
+    assert calls[0.0] > 0.05 * 900
+    assert calls[1.0] < 0.6 * calls[0.0]
+
+
 def test_seed_reproducibility():
     rng1, rng2 = np.random.default_rng(5), np.random.default_rng(5)
     a, b = small_operator(seed=7), small_operator(seed=7)
@@ -110,6 +166,7 @@ def test_save_load_roundtrip(fitted, tmp_path):
     np.testing.assert_allclose(p2.natural, p1.natural, rtol=1e-12)
     np.testing.assert_allclose(v2, v1, rtol=1e-10)
     np.testing.assert_array_equal(loaded.thresholds_, op.thresholds_)
+    assert loaded.noise_floor == op.noise_floor
     with open(path, "rb") as fh:  # the file loads without pickle
         np.load(fh, allow_pickle=False).files
 
@@ -133,7 +190,7 @@ def test_corrupt_and_mismatched_files(fitted, tmp_path):
     with pytest.raises(OperatorFileError, match="version 99"):
         KJITOperator.load(other)
     del arrays["thresholds"]
-    arrays["meta/version"] = np.asarray(2)
+    arrays["meta/version"] = np.asarray(FILE_VERSION)
     np.savez(other, **arrays)
     with pytest.raises(OperatorFileError, match="thresholds"):
         KJITOperator.load(other)

@@ -17,8 +17,12 @@ Unlike the original KJIT code, nothing here is a hand-set absolute log-variance
 threshold: on the first minibatch the operator holds out a fifth of the oracle's
 answers, and the threshold of each output is a quantile of the epistemic variance
 on those held-out inputs, i.e. "as uncertain as an input drawn from the data I have
-seen is allowed to be". Kernel widths and the regulariser are chosen by the log
-evidence on the first minibatch.
+seen is allowed to be". That threshold is floored at the regression's current noise
+variance, re-estimated with every online update: the scatter of the oracle's own
+answers (the paper's sigma_y^2, "the intrinsic stochasticity of the importance
+sampler") plus what the features cannot fit. Below it an oracle answer would be no
+more accurate than the prediction, so asking would only cost time. Kernel widths and
+the regulariser are chosen by the log evidence on the first minibatch.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from pmkjit.regression import BayesianLinearRegression
 __all__ = ["KJITOperator", "KJITResult"]
 
 FILE_FORMAT = "pmkjit.KJITOperator"
-FILE_VERSION = 2
+FILE_VERSION = 3
 _TARGET_FORMS = ("relative", "site", "absolute")
 _FEATURE_CLASSES = {
     cls.__name__: cls
@@ -117,6 +121,13 @@ class KJITOperator:
         Quantile of held-out epistemic variance that sets each output's threshold.
     holdout : float, default 0.2
         Fraction of the first minibatch held out to calibrate the thresholds.
+    noise_floor : float, default 1.0
+        Predictions whose epistemic variance is below ``noise_floor`` times the
+        regression's current noise variance (per output) are trusted even above the
+        calibrated thresholds: their error is already no larger than an oracle
+        answer's. Since the epistemic variance is the input's leverage times the noise
+        variance, this asks the oracle only for inputs of leverage above
+        ``noise_floor``. ``0`` keeps the calibrated thresholds alone (the paper's rule).
     tolerance : float, default 0
         Predictions whose epistemic standard deviation is below ``tolerance`` in every
         output are trusted even above the calibrated thresholds: the accuracy the caller
@@ -138,6 +149,7 @@ class KJITOperator:
         target_form: str = "relative",
         threshold_quantile: float = 0.9,
         holdout: float = 0.2,
+        noise_floor: float = 1.0,
         tolerance: float = 0.0,
         random_state=None,
     ) -> None:
@@ -150,6 +162,9 @@ class KJITOperator:
         self.target_form = target_form
         self.threshold_quantile = threshold_quantile
         self.holdout = holdout
+        if not noise_floor >= 0.0:
+            raise ValueError(f"noise_floor must be >= 0, got {noise_floor}")
+        self.noise_floor = float(noise_floor)
         self.tolerance = float(tolerance)
         self.random_state = random_state
         for t in self.targets:
@@ -274,6 +289,16 @@ class KJITOperator:
         return best
 
     # ------------------------------------------------------------ prediction
+    def current_thresholds(self) -> np.ndarray:
+        """Epistemic variance per output above which the oracle is asked, as of now.
+
+        The calibrated :attr:`thresholds_`, floored at ``noise_floor`` times the
+        regression's current noise variance and at ``tolerance**2``.
+        """
+        self._check_fitted()
+        floor = np.maximum(self.noise_floor * self.regression_.noise_var_, self.tolerance**2)
+        return np.maximum(self.thresholds_, floor)
+
     def predict(self, messages: Sequence[ExponentialFamily]) -> tuple[tuple, np.ndarray]:
         """Predicted beliefs of the targets and the epistemic variance ``(B, n_outputs)``."""
         self._check_fitted()
@@ -341,7 +366,7 @@ class KJITOperator:
             _, var = self.predict(messages)
             return KJITResult(answers, var, np.ones(B, bool), good)
         beliefs, var = self.predict(messages)
-        uncertain = np.any(var > np.maximum(self.thresholds_, self.tolerance**2), axis=1)
+        uncertain = np.any(var > self.current_thresholds(), axis=1)
         accepted = np.ones(B, bool)
         if uncertain.any():
             idx = np.flatnonzero(uncertain)
@@ -369,6 +394,7 @@ class KJITOperator:
             "meta/target_form": np.asarray(self.target_form),
             "meta/feature_class": np.asarray(type(self.features_).__name__),
             "meta/threshold_quantile": np.asarray(self.threshold_quantile),
+            "meta/noise_floor": np.asarray(self.noise_floor),
             "thresholds": self.thresholds_,
             "calibration": self.calibration_,
             "counts": np.asarray([self.n_oracle_calls, self.n_predictions]),
@@ -426,6 +452,7 @@ class KJITOperator:
                 targets=arrays["meta/targets"].tolist(),
                 target_form=str(arrays["meta/target_form"]),
                 threshold_quantile=float(arrays["meta/threshold_quantile"]),
+                noise_floor=float(arrays["meta/noise_floor"]),
             )
             feature_cls = _FEATURE_CLASSES[str(arrays["meta/feature_class"])]
             op.features_ = feature_cls.from_state_dict(_section(arrays, "features/"))
