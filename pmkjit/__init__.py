@@ -15,7 +15,7 @@ from pmkjit.errors import (
 
 __version__ = "0.1.0"
 
-from pmkjit.fit import EPNotConvergedWarning, fit  # noqa: E402
+from pmkjit.fit import EPNotConvergedWarning, ep_posterior, fit  # noqa: E402
 from pmkjit.models import GeneralizedLinearModel, StandardLinearModel  # noqa: E402  (the revrand layer)
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "fit",
+    "ep_posterior",
     "EPNotConvergedWarning",
     "StandardLinearModel",
     "GeneralizedLinearModel",

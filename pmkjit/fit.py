@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import arviz as az
@@ -16,11 +17,14 @@ from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine
 from pmkjit.ep.methods import FactorOracle, KJITMethod, quadrature_possible
 from pmkjit.ep.normal_scale import NormalScaleMethod
+from pmkjit.ep.engine import EPInfo
 from pmkjit.ep.store import OperatorStore
 from pmkjit.errors import UnsupportedModelError
+from pmkjit.families import Gaussian, family_by_name
+from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
 
-__all__ = ["fit", "EPNotConvergedWarning"]
+__all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 
 _METHODS = ("kjit", "oracle", "quadrature")
 _MIN_AUTO_DAMPING = 0.05
@@ -46,6 +50,7 @@ def fit(
     tol: float = 1e-3,
     n_importance_samples: int = 100_000,
     compute_log_likelihood: bool = True,
+    callback: Callable[[EPInfo], None] | None = None,
 ) -> az.InferenceData:
     """Fit a PyMC model by expectation propagation with just-in-time learned messages.
 
@@ -83,13 +88,19 @@ def fit(
         Samples per message tuple of the importance-sampling oracle.
     compute_log_likelihood : bool
         Add the ``log_likelihood`` group (needed by ``az.compare`` / ``az.loo``).
+    callback : callable, optional
+        Called after every sweep with its :class:`pmkjit.ep.EPInfo` (sweep number,
+        change, damping, guard events, and per KJIT factor the predictive variance of
+        every message and which ones went to the oracle), e.g. to plot the operator's
+        uncertainty over time.
 
     Returns
     -------
     arviz.InferenceData
         Groups ``posterior`` (with the model's coords, dims and deterministics),
         ``log_likelihood``, ``observed_data``, ``constant_data`` and ``ep`` (sweeps,
-        convergence trace, guard events, oracle calls and time in each part).
+        convergence trace, guard events, oracle calls, time in each part, and the EP
+        posterior itself in closed form: see :func:`ep_posterior`).
 
     Raises
     ------
@@ -129,6 +140,9 @@ def fit(
     with _progress(progressbar, max_sweeps if graph.factors else 0) as advance:
         for sweeps in range(1, (max_sweeps if graph.factors else 0) + 1):
             state, info = engine.sweep(graph, prior, state, methods, damping=step)
+            info.sweep = sweeps
+            if callback is not None:
+                callback(info)
             # A damped sweep moves a fraction ``step`` of the way: change / step estimates
             # the distance still to go, so heavy damping cannot pass for convergence.
             done = info.max_change < tol * step
@@ -159,7 +173,7 @@ def fit(
     t0 = time.perf_counter()
     idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
     timings["draws"] = time.perf_counter() - t0
-    ep = _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
+    ep = _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "ep" is not one of ArviZ's schema groups
         idata.add_groups({"ep": ep})
@@ -269,9 +283,14 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
     return idata
 
 
-def _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, method, damping) -> xr.Dataset:
+def _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method,
+              damping) -> xr.Dataset:
     names = [f.description for f in graph.factors]
     data = {
+        # the EP posterior in closed form: the joint Gaussian of the real-valued latents,
+        # and the natural parameters of every other latent's element-wise message
+        "gaussian_mean": (("theta",), np.asarray(state.mu, dtype=float)),
+        "gaussian_cov": (("theta", "theta_"), _covariance(state.chol)),
         "convergence": (("sweep",), np.asarray(trace, dtype=float)),
         "oracle_calls": (("factor",), np.asarray([o.n_calls for o in oracles], dtype=int)),
         "kjit_predictions": (("factor",), np.asarray(
@@ -288,4 +307,62 @@ def _ep_group(graph, trace, events, sweeps, converged, kjits, oracles, timings, 
         "factor_graph": graph.summary(),
         "weights": "; ".join(f"{f.name}: {f.density_source}" for f in graph.factors),
     }
+    for v in graph.element_variables:
+        data[f"natural__{v.name}"] = ((f"{v.name}__element", "natural_param"),
+                                      np.asarray(state.element_natural[v.name], dtype=float))
+    attrs["latent_families"] = "; ".join(f"{v.name}: {v.family.name}" for v in graph.variables.values())
+    attrs["latent_shapes"] = "; ".join(f"{v.name}: {','.join(map(str, v.shape))}" for v in graph.variables.values())
+    attrs["gaussian_offsets"] = "; ".join(f"{v.name}: {v.offset}" for v in graph.gaussian_variables)
     return xr.Dataset(data, coords={"sweep": np.arange(1, len(trace) + 1), "factor": names}, attrs=attrs)
+
+
+def _covariance(chol: np.ndarray) -> np.ndarray:
+    """Covariance from the Cholesky factor L of the posterior *precision* (P = L L^T)."""
+    if chol.size == 0:
+        return np.zeros((0, 0))
+    from scipy.linalg import cho_solve
+
+    return cho_solve((chol, True), np.eye(chol.shape[0]))
+
+
+def _attr_map(text: str) -> dict[str, str]:
+    return dict(item.split(": ", 1) for item in text.split("; ")) if text else {}
+
+
+def ep_posterior(idata: az.InferenceData) -> dict[str, ExponentialFamily]:
+    """The EP posterior marginals of every latent variable, as message batches.
+
+    Parameters
+    ----------
+    idata : arviz.InferenceData
+        Returned by :func:`fit`.
+
+    Returns
+    -------
+    dict of str to ExponentialFamily
+        Per latent variable, a batch of its (flattened) elements' marginals: Gaussian
+        for real-valued latents (the joint Gaussian is ``idata.ep.gaussian_mean`` and
+        ``idata.ep.gaussian_cov``), Gamma or Beta for positive or unit-interval ones.
+        Exact, unlike moments estimated from the posterior draws.
+
+    Raises
+    ------
+    ValueError
+        If ``idata`` has no ``ep`` group with the posterior (not made by ``pmkjit.fit``).
+    """
+    ep = getattr(idata, "ep", None)
+    if ep is None or "gaussian_mean" not in ep or "latent_families" not in ep.attrs:
+        raise ValueError("idata has no EP posterior: pass the InferenceData returned by pmkjit.fit")
+    families = _attr_map(ep.attrs["latent_families"])
+    shapes = {k: tuple(int(n) for n in v.split(",") if n) for k, v in _attr_map(ep.attrs["latent_shapes"]).items()}
+    offsets = {k: int(v) for k, v in _attr_map(ep.attrs["gaussian_offsets"]).items()}
+    mean, cov = ep["gaussian_mean"].values, ep["gaussian_cov"].values
+    out = {}
+    for name, fam in families.items():
+        if name in offsets:
+            size = int(np.prod(shapes[name], dtype=int))
+            sl = slice(offsets[name], offsets[name] + size)
+            out[name] = Gaussian(mean[sl], np.diag(cov)[sl])
+        else:
+            out[name] = family_by_name(fam).from_natural(ep[f"natural__{name}"].values)
+    return out

@@ -112,6 +112,47 @@ def test_inference_data_groups_coords_and_log_likelihood():
     assert np.isfinite(az.loo(idata).elpd_loo)
 
 
+def test_ep_posterior_in_closed_form_and_sweep_callback():
+    model, X, y = logistic_model(7, N=150)
+    reports = []
+    idata = pmkjit.fit(model=model, random_seed=3, progressbar=False, draws=5000, callback=reports.append)
+    q = pmkjit.ep_posterior(idata)["w"]
+    mean, sd = ep_moments(idata, "w")
+    # the draws come from the closed form: agreement within Monte Carlo error (10,000 draws)
+    assert np.all(np.abs(q.mean() - mean) < 4 * sd / 100)
+    np.testing.assert_allclose(np.sqrt(q.var()), sd, rtol=0.05)
+    cov = idata.ep["gaussian_cov"].values
+    np.testing.assert_allclose(np.diag(cov), q.var())
+    assert np.all(np.linalg.eigvalsh(cov) > 0)
+    # one report per sweep, with the KJIT factor's variance and oracle use for all 150 instances
+    assert [r.sweep for r in reports] == list(range(1, idata.ep.attrs["sweeps"] + 1))
+    (name,) = reports[0].variance
+    assert reports[0].variance[name].shape == (150, 2) and reports[0].asked[name].all()  # no operator yet
+    later = reports[-1]
+    assert np.isfinite(later.variance[name]).all() and np.all(later.variance[name] >= 0)
+    assert later.asked[name].sum() < 150
+    asked_total = sum(int(r.asked[name].sum()) for r in reports)
+    assert asked_total == int(idata.ep["oracle_calls"].sum())
+    with pytest.raises(ValueError, match="pmkjit.fit"):
+        pmkjit.ep_posterior(az.from_dict(posterior={"w": np.zeros((1, 5, 2))}))
+
+
+def test_ep_posterior_of_positive_latents_is_their_family():
+    rng = np.random.default_rng(8)
+    x = rng.normal(0.0, 0.5, size=30)
+    with pm.Model() as model:
+        r = pm.Gamma("r", 1.0, 1.0)
+        tau = pm.Gamma("tau", 1.0, r)
+        pm.Normal("x", 0.0, 1.0 / pm.math.sqrt(tau), observed=x)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=20000)
+    post = pmkjit.ep_posterior(idata)
+    for name in ("r", "tau"):
+        assert type(post[name]).__name__ == "Gamma" and len(post[name]) == 1
+        draws = idata.posterior[name].values.ravel()
+        np.testing.assert_allclose(post[name].mean(), draws.mean(), rtol=0.03)
+        np.testing.assert_allclose(np.sqrt(post[name].var()), draws.std(), rtol=0.05)
+
+
 def test_same_seed_same_result():
     model, _, _ = logistic_model(4, N=80)
     a = pmkjit.fit(model=model, random_seed=11, progressbar=False, draws=100)

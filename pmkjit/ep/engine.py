@@ -46,7 +46,27 @@ class EPState:
 
 @dataclass
 class EPInfo:
-    """What one sweep did."""
+    """What one sweep did.
+
+    Attributes
+    ----------
+    max_change : float
+        Largest change of a posterior mean (in sds) or log sd over the sweep.
+    skipped_improper_cavity, damping_halvings, rejected_updates, unanswered : int
+        Guard events of the sweep.
+    seconds : dict
+        Time in each part (cavity, tilted moments, site update).
+    variance : dict of str to ndarray (size, n_outputs)
+        Per factor answered by a KJIT operator: the epistemic predictive variance of
+        each instance's message (NaN where no operator existed yet or the cavity was
+        skipped).
+    asked : dict of str to ndarray of bool (size,)
+        Per factor answered by a KJIT operator: which instances went to the oracle.
+    sweep : int
+        1-based sweep number (set by :func:`pmkjit.fit`).
+    damping : float
+        Damping the sweep used.
+    """
 
     max_change: float
     skipped_improper_cavity: int = 0
@@ -54,6 +74,10 @@ class EPInfo:
     rejected_updates: int = 0
     unanswered: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    variance: dict[str, np.ndarray] = field(default_factory=dict)
+    asked: dict[str, np.ndarray] = field(default_factory=dict)
+    sweep: int = 0
+    damping: float = 1.0
 
 
 class _Prior:
@@ -205,7 +229,7 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
     -------
     (state, info)
     """
-    info = EPInfo(max_change=0.0)
+    info = EPInfo(max_change=0.0, damping=damping)
     before = _summary(graph, state)
     sites = [list(s) for s in state.sites]
     for fi, (f, method) in enumerate(zip(graph.factors, methods)):
@@ -225,6 +249,13 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
         t1 = time.perf_counter()
         answer = method(messages)
         info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t1
+        t1 = time.perf_counter()
+        if answer.variance is not None:
+            var = np.full((f.size, answer.variance.shape[1]), np.nan)
+            var[idx] = answer.variance
+            asked = np.zeros(f.size, bool)
+            asked[idx] = answer.asked
+            info.variance[f.name], info.asked[f.name] = var, asked
         good = np.asarray(answer.accepted, bool).copy()
         new = []
         for k, b in enumerate(answer.beliefs):

@@ -23,10 +23,17 @@ __all__ = ["FactorOracle", "KJITMethod", "Answer", "quadrature_possible"]
 
 
 class Answer(NamedTuple):
-    """Beliefs of the factor's targets (one batch per target), and which entries are answered."""
+    """Beliefs of the factor's targets (one batch per target), and which entries are answered.
+
+    ``variance`` (B, n_outputs) and ``asked`` (B,) are set by methods that predict: the
+    epistemic variance of each prediction (NaN where there was no operator yet) and
+    whether the oracle answered that entry.
+    """
 
     beliefs: tuple
     accepted: np.ndarray
+    variance: np.ndarray | None = None
+    asked: np.ndarray | None = None
 
 
 _MAX_DATA_GROUPS = 64
@@ -280,12 +287,13 @@ class KJITMethod:
                 self._noise_at_fit = self._noise()
             result = self.operator(messages, call)
             self.last_variance = result.variance
-            asked = np.flatnonzero(np.asarray(result.uncertain, bool) & np.asarray(result.accepted, bool))
+            uncertain = np.asarray(result.uncertain, bool)
+            asked = np.flatnonzero(uncertain & np.asarray(result.accepted, bool))
             if asked.size:
                 self._remember(tuple(m[asked] for m in messages), tuple(b[asked] for b in result.beliefs))
                 self._n_since_fit += asked.size
                 self._refit_if_stale()
-            return Answer(tuple(result.beliefs), np.asarray(result.accepted, bool))
+            return Answer(tuple(result.beliefs), np.asarray(result.accepted, bool), result.variance, uncertain)
         n = min(B, self.first_batch)
         sub = np.sort(self.rng.choice(B, n, replace=False)) if n < B else np.arange(B)
         first = tuple(m[sub] for m in messages)
@@ -305,8 +313,9 @@ class KJITMethod:
             self._noise_at_fit = self._noise()
         else:
             self.operator.n_oracle_calls += n
+        n_out = 2 * len(self.factor.targets)
         if n == B:
-            return answer
+            return answer._replace(variance=np.full((B, n_out), np.nan), asked=np.ones(B, bool))
         # the rest of a large first batch: the freshly fitted operator (or the oracle)
         rest = np.setdiff1d(np.arange(B), sub)
         tail = self(tuple(m[rest] for m in messages))
@@ -315,9 +324,10 @@ class KJITMethod:
             natural = np.empty((B, 2))
             natural[sub], natural[rest] = b_first.natural, b_rest.natural
             beliefs.append(type(b_first).from_natural(natural))
-        accepted = np.empty(B, bool)
+        accepted, variance, asked = np.empty(B, bool), np.full((B, n_out), np.nan), np.ones(B, bool)
         accepted[sub], accepted[rest] = answer.accepted, tail.accepted
-        return Answer(tuple(beliefs), accepted)
+        variance[rest], asked[rest] = tail.variance, tail.asked
+        return Answer(tuple(beliefs), accepted, variance, asked)
 
 
 
