@@ -14,8 +14,9 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
-__all__ = ["for_row_blocks", "n_workers"]
+__all__ = ["for_row_blocks", "n_workers", "single_threaded_blas"]
 
 _local = threading.local()
 _lock = threading.Lock()
@@ -61,6 +62,22 @@ def _exit_single_threaded_blas() -> None:
         if _blas_users == 0:
             _blas_limit.restore_original_limits()
             _blas_limit = None
+
+
+@contextmanager
+def single_threaded_blas():
+    """Run the enclosed linear algebra with BLAS on one thread.
+
+    For factorisations of matrices of a few thousand rows (a KJIT operator's fit): on
+    a 2-core machine where another process holds a core, OpenBLAS's spinning threads
+    make them several times slower than one thread is, while on an idle machine one
+    thread loses little at these sizes.
+    """
+    _enter_single_threaded_blas()
+    try:
+        yield
+    finally:
+        _exit_single_threaded_blas()
 
 
 def for_row_blocks(fn: Callable[[int, int], None], n_rows: int, block_rows: int, workers: int | None = None) -> None:

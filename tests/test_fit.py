@@ -12,6 +12,7 @@ from scipy import special
 
 import pmkjit
 from pmkjit.ep import engine
+from pmkjit.ep.store import OperatorStore
 from pmkjit.errors import OperatorFileError, UnsupportedModelError
 from pmkjit.graph import build_factor_graph
 
@@ -127,7 +128,11 @@ def test_ep_posterior_in_closed_form_and_sweep_callback():
     # one report per sweep, with the KJIT factor's variance and oracle use for all 150 instances
     assert [r.sweep for r in reports] == list(range(1, idata.ep.attrs["sweeps"] + 1))
     (name,) = reports[0].variance
-    assert reports[0].variance[name].shape == (150, 2) and reports[0].asked[name].all()  # no operator yet
+    first = reports[0]
+    assert first.variance[name].shape == (150, 2)
+    # the operator's first minibatch (100 of the 150) has no prediction; all of it went to the oracle
+    no_operator = np.isnan(first.variance[name]).all(axis=1)
+    assert no_operator.sum() == 100 and first.asked[name][no_operator].all()
     later = reports[-1]
     assert np.isfinite(later.variance[name]).all() and np.all(later.variance[name] >= 0)
     assert later.asked[name].sum() < 150
@@ -151,6 +156,21 @@ def test_ep_posterior_of_positive_latents_is_their_family():
         draws = idata.posterior[name].values.ravel()
         np.testing.assert_allclose(post[name].mean(), draws.mean(), rtol=0.03)
         np.testing.assert_allclose(np.sqrt(post[name].var()), draws.std(), rtol=0.05)
+
+
+def test_not_converged_warning_states_the_test_that_failed():
+    # Convergence needs change / damping < tol: a damped sweep can change the posterior by
+    # less than tol and EP still not be converged. The warning used to say
+    # "last change 0.065 > tol=0.1" then; it must state the comparison actually made.
+    model, _, _ = logistic_model(0)
+    changes = []
+    with pytest.warns(pmkjit.EPNotConvergedWarning) as rec:
+        pmkjit.fit(model=model, method="quadrature", damping=0.1, tol=0.1, max_sweeps=6, random_seed=0,
+                   progressbar=False, compute_log_likelihood=False,
+                   callback=lambda info: changes.append(info.max_change))
+    assert 0.01 < changes[-1] < 0.1  # below tol, above tol x damping
+    msg = str(next(w.message for w in rec if issubclass(w.category, pmkjit.EPNotConvergedWarning)))
+    assert f"last change {changes[-1]:.2g} > tol x damping = 0.1 x 0.1 = 0.01" in msg, msg
 
 
 def test_same_seed_same_result():
@@ -307,3 +327,44 @@ def test_normal_with_latent_scale_is_semi_analytic_and_matches_grid():
         me, se = ep_moments(idata, name)
         assert abs(me - m) / s < 0.1, name
         assert abs(se / s - 1) < 0.1, name
+
+
+def compound_gamma_model(seed: int, N: int = 30):
+    x = np.random.default_rng(seed).normal(0.0, 0.7, size=N)
+    with pm.Model() as model:
+        r = pm.Gamma("r", 1.0, 1.0)
+        tau = pm.Gamma("tau", 1.0, r)
+        pm.Normal("x", 0.0, 1.0 / pm.math.sqrt(tau), observed=x)
+    return model
+
+
+def test_single_instance_factor_keeps_its_key_and_accumulates_answers_across_fits(tmp_path):
+    """tau ~ Gamma(1, rate=r): one instance, whose cavity does not move between sweeps.
+
+    The factor's key must not depend on the model object (its random generator's memory
+    address used to enter it, so stored operators were never found again); the oracle is
+    asked once per distinct input; and answers too few for a first fit are kept in the
+    store for the next fit instead of being dropped at the end of each fit.
+    """
+    models = [compound_gamma_model(s) for s in (1, 2)]
+    (f1,), (f2,) = build_factor_graph(models[0]).factors, build_factor_graph(models[1]).factors
+    assert f1.key == f2.key
+    kw = dict(method="kjit", oracle="quadrature", operators=tmp_path, random_seed=0, progressbar=False,
+              draws=10, compute_log_likelihood=False)
+    first = pmkjit.fit(model=models[0], **kw)
+    assert first.ep.attrs["converged"] == 1 and first.ep.attrs["sweeps"] >= 2
+    assert first.ep.oracle_calls.values.sum() == 1  # the same question is not asked again
+    second = pmkjit.fit(model=models[1], **kw)
+    assert second.ep.oracle_calls.values.sum() == 1
+    assert not list(tmp_path.glob(f"{f1.key}.npz"))  # 2 answers: too few to fit an operator
+    msgs, bels = OperatorStore(tmp_path).load_pending(f2)
+    assert len(msgs[0]) == len(bels[0]) == 2
+    assert len(np.unique(msgs[-1].natural, axis=0)) == 2  # the two problems' tau cavities
+    third = pmkjit.fit(model=models[0], **kw)  # a repeat of the first problem: answered from the store
+    assert third.ep.oracle_calls.values.sum() == 0
+    np.testing.assert_allclose(pmkjit.ep_posterior(third)["tau"].natural,
+                               pmkjit.ep_posterior(first)["tau"].natural, rtol=1e-12)
+    pending = OperatorStore(tmp_path).pending_path(f1)
+    pending.write_bytes(b"not an npz file")
+    with pytest.raises(OperatorFileError, match=pending.name):
+        pmkjit.fit(model=models[1], **kw)

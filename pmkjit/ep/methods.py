@@ -187,25 +187,28 @@ class KJITMethod:
     operator is fitted on at most ``first_batch`` of them. A large first batch is
     answered by the oracle on a random ``first_batch`` subset only; the operator,
     fitted on those, answers the rest (asking the oracle where it is unsure).
-
-    Every oracle answer is also offered to a bounded memory (a uniform reservoir).
-    When the regression's noise variance, re-estimated with each online update, grows
-    ``refit_ratio``-fold over its value at the last fit, the evidence says the feature
-    widths chosen then no longer fit the messages now arriving (in EP: the wide
-    cavities of the first sweep against the narrow ones of later sweeps), and the
-    operator is refitted, hyperparameter search included, on a sample of the memory.
+    Before the fit, the oracle is asked once per distinct message tuple: a tuple
+    answered before (a factor whose cavity does not move between sweeps, identical
+    cavities of many instances) reuses that answer, so ``min_fit`` counts distinct
+    inputs, as a regression needs, and a noisy oracle cannot keep EP from converging by
+    answering the same question differently every sweep. ``pending`` (messages,
+    beliefs) are answers of earlier fits that were too few to fit on (see
+    :meth:`pending_answers`), so a factor with a single instance accumulates them over
+    problems. Afterwards the operator decides alone: it asks the oracle where unsure, learns
+    online, and refits itself on its memory of answers when they show its
+    hyperparameters no longer fit (see :class:`~pmkjit.operators.KJITOperator`).
     """
 
     def __init__(self, factor: BlackBoxFactor, oracle: FactorOracle, operator: KJITOperator | None, *,
-                 first_batch: int = 1000, min_fit: int = 50, tolerance: float = 1e-3,
-                 refit_ratio: float = 10.0, max_refits: int = 5, memory: int = 4000,
-                 rng: np.random.Generator):
+                 first_batch: int = 100, min_fit: int = 50, tolerance: float = 1e-3,
+                 memory: int = 4000, rng: np.random.Generator, pending: tuple | None = None):
         self.factor = factor
         self.oracle = oracle
         self.operator = operator if operator is not None else KJITOperator(
             # EP needs the outgoing message accurate, not the belief: "site" targets keep
             # it so when cavities are narrow (large data sets)
-            factor.families, targets=factor.targets, target_form="site", random_state=int(rng.integers(2**63 - 1))
+            factor.families, targets=factor.targets, target_form="site", memory=memory,
+            random_state=int(rng.integers(2**63 - 1))
         )
         self.operator.tolerance = float(tolerance)
         self.first_batch = int(first_batch)
@@ -213,66 +216,54 @@ class KJITMethod:
         self.rng = rng
         self.last_variance: np.ndarray | None = None
         self._seen: list[tuple[tuple, tuple]] = []
-        self.refit_ratio = float(refit_ratio)
-        self.max_refits = int(max_refits)
-        self.n_refits = 0
-        self._memory_size = int(memory)
-        self._memory: tuple | None = None  # (messages, beliefs) batches
-        self._n_offered = 0  # answers offered to the reservoir so far
-        self._n_since_fit = 0
-        self._noise_at_fit = self._noise() if self.fitted else None
+        self._answered: dict[bytes, np.ndarray] = {}  # distinct input tuple -> belief naturals
+        if pending is not None and not self.fitted and len(pending[0][0]):
+            msgs, bels = (tuple(pending[0]), tuple(pending[1]))
+            self._seen.append((msgs, bels))
+            for key, row in zip(_input_keys(msgs), np.stack([b.natural for b in bels], axis=1)):
+                self._answered[key] = row
 
-    def _noise(self) -> np.ndarray:
-        return np.array(self.operator.regression_.noise_var_, dtype=float)
+    def pending_answers(self) -> tuple[tuple, tuple] | None:
+        """The oracle's answers kept for a first fit that has not happened yet (or None)."""
+        if self.fitted or not self._seen:
+            return None
+        msgs = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(m for m, _ in self._seen)))
+        bels = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(b for _, b in self._seen)))
+        return msgs, bels
 
-    def _remember(self, msgs: tuple, bels: tuple) -> None:
-        """Offer answers to the reservoir (every answer offered so far is kept with equal probability)."""
-        n = len(msgs[0])
-        if n == 0:
-            return
-        size = 0 if self._memory is None else len(self._memory[0][0])
-        fill = min(self._memory_size - size, n)
-        if fill > 0:
-            head = (tuple(m[:fill] for m in msgs), tuple(b[:fill] for b in bels))
-            self._memory = head if self._memory is None else tuple(
-                tuple(type(a).concatenate([a, b]) for a, b in zip(part, new)) for part, new in zip(self._memory, head)
-            )
-            self._n_offered += fill
-            msgs, bels = tuple(m[fill:] for m in msgs), tuple(b[fill:] for b in bels)
-            n -= fill
-        if n <= 0:
-            return
-        # Reservoir sampling, vectorised: the k-th further answer takes a random slot with
-        # probability size / (answers offered so far); a slot drawn twice keeps the later.
-        offered = self._n_offered + np.arange(1, n + 1)
-        slot = np.floor(self.rng.random(n) * offered).astype(int)
-        self._n_offered += n
-        hit = np.flatnonzero(slot < self._memory_size)
-        if hit.size == 0:
-            return
-        slots, last = np.unique(slot[hit][::-1], return_index=True)
-        src = hit[::-1][last]
-        self._memory = tuple(
-            tuple(a.scatter(slots, b[src]) for a, b in zip(part, new))
-            for part, new in zip(self._memory, (msgs, bels))
-        )
+    def _ask_distinct(self, first: tuple) -> Answer:
+        """The oracle's answers for ``first``, asking once per input tuple not answered before."""
+        n = len(first[0])
+        keys = _input_keys(first)
+        new: dict[bytes, int] = {}
+        for i, key in enumerate(keys):
+            if key not in self._answered and key not in new:
+                new[key] = i
+        ask = np.fromiter(new.values(), dtype=int, count=len(new))
+        if ask.size:
+            sub = tuple(m[ask] for m in first)
+            answer = self.oracle(sub)
+            ok = np.flatnonzero(answer.accepted)
+            self._seen.append((tuple(m[ok] for m in sub), tuple(b[ok] for b in answer.beliefs)))
+            rows = np.stack([b.natural for b in answer.beliefs], axis=1)
+            for j in ok:
+                self._answered[keys[ask[j]]] = rows[j]
+        self.operator.n_oracle_calls += ask.size
+        fams = [self.factor.families[t] for t in self.factor.targets]
+        natural = np.full((n, len(fams), 2), np.nan)
+        accepted = np.zeros(n, bool)
+        for i, key in enumerate(keys):
+            row = self._answered.get(key)
+            if row is not None:
+                natural[i], accepted[i] = row, True
+        asked = np.zeros(n, bool)
+        asked[ask] = True
+        beliefs = tuple(fam.from_natural(natural[:, k]) for k, fam in enumerate(fams))
+        return Answer(beliefs, accepted, None, asked)
 
-    def _refit_if_stale(self) -> None:
-        if self.n_refits >= self.max_refits or self._n_since_fit < self.min_fit or self._memory is None:
-            return
-        if not np.any(self._noise() > self.refit_ratio * self._noise_at_fit):
-            return
-        msgs, bels = self._memory
-        n = len(msgs[0])
-        if n > self.first_batch:
-            keep = np.sort(self.rng.choice(n, self.first_batch, replace=False))
-            msgs, bels = tuple(m[keep] for m in msgs), tuple(b[keep] for b in bels)
-        calls, preds = self.operator.n_oracle_calls, self.operator.n_predictions
-        self.operator.fit(msgs, bels)
-        self.operator.n_oracle_calls, self.operator.n_predictions = calls, preds
-        self.n_refits += 1
-        self._n_since_fit = 0
-        self._noise_at_fit = self._noise()
+    @property
+    def n_refits(self) -> int:
+        return self.operator.n_refits
 
     @property
     def fitted(self) -> bool:
@@ -283,39 +274,25 @@ class KJITMethod:
         B = len(messages[0])
         call = self.oracle.as_operator_oracle()
         if self.fitted:
-            if self._noise_at_fit is None:
-                self._noise_at_fit = self._noise()
             result = self.operator(messages, call)
             self.last_variance = result.variance
             uncertain = np.asarray(result.uncertain, bool)
-            asked = np.flatnonzero(uncertain & np.asarray(result.accepted, bool))
-            if asked.size:
-                self._remember(tuple(m[asked] for m in messages), tuple(b[asked] for b in result.beliefs))
-                self._n_since_fit += asked.size
-                self._refit_if_stale()
             return Answer(tuple(result.beliefs), np.asarray(result.accepted, bool), result.variance, uncertain)
         n = min(B, self.first_batch)
         sub = np.sort(self.rng.choice(B, n, replace=False)) if n < B else np.arange(B)
         first = tuple(m[sub] for m in messages)
-        answer = self.oracle(first)
-        ok = np.flatnonzero(answer.accepted)
-        self._seen.append((tuple(m[ok] for m in first), tuple(b[ok] for b in answer.beliefs)))
+        answer = self._ask_distinct(first)
         if sum(len(msgs[0]) for msgs, _ in self._seen) >= self.min_fit:
             msgs = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(m for m, _ in self._seen)))
             bels = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(b for _, b in self._seen)))
             if len(msgs[0]) > self.first_batch:
                 keep = np.sort(self.rng.choice(len(msgs[0]), self.first_batch, replace=False))
                 msgs, bels = tuple(m[keep] for m in msgs), tuple(b[keep] for b in bels)
-            self._remember(msgs, bels)
             self.operator.fit(msgs, bels)
-            self.operator.n_oracle_calls += n
-            self._seen = []
-            self._noise_at_fit = self._noise()
-        else:
-            self.operator.n_oracle_calls += n
+            self._seen, self._answered = [], {}
         n_out = 2 * len(self.factor.targets)
         if n == B:
-            return answer._replace(variance=np.full((B, n_out), np.nan), asked=np.ones(B, bool))
+            return answer._replace(variance=np.full((B, n_out), np.nan))
         # the rest of a large first batch: the freshly fitted operator (or the oracle)
         rest = np.setdiff1d(np.arange(B), sub)
         tail = self(tuple(m[rest] for m in messages))
@@ -324,11 +301,18 @@ class KJITMethod:
             natural = np.empty((B, 2))
             natural[sub], natural[rest] = b_first.natural, b_rest.natural
             beliefs.append(type(b_first).from_natural(natural))
-        accepted, variance, asked = np.empty(B, bool), np.full((B, n_out), np.nan), np.ones(B, bool)
+        accepted, variance, asked = np.empty(B, bool), np.full((B, n_out), np.nan), np.empty(B, bool)
         accepted[sub], accepted[rest] = answer.accepted, tail.accepted
+        asked[sub] = answer.asked
         variance[rest], asked[rest] = tail.variance, tail.asked
         return Answer(tuple(beliefs), accepted, variance, asked)
 
+
+
+def _input_keys(messages: tuple) -> list[bytes]:
+    """One exact key per message tuple (its natural parameters), to recognise repeats."""
+    packed = np.concatenate([np.asarray(m.natural, dtype=float).reshape(len(m), -1) for m in messages], axis=1)
+    return [row.tobytes() for row in np.ascontiguousarray(packed + 0.0)]  # + 0.0: -0.0 -> 0.0
 
 
 def point_masses(values: np.ndarray) -> PointMass:

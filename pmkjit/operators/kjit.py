@@ -23,6 +23,17 @@ answers (the paper's sigma_y^2, "the intrinsic stochasticity of the importance
 sampler") plus what the features cannot fit. Below it an oracle answer would be no
 more accurate than the prediction, so asking would only cost time. Kernel widths and
 the regulariser are chosen by the log evidence on the first minibatch.
+
+The operator keeps a bounded uniform sample (a reservoir) of the oracle's answers and
+re-selects its hyperparameters on it (kernel widths, regulariser, thresholds) when
+(a) the regression's noise variance, re-estimated with every online update, has grown
+``refit_ratio``-fold since the last fit: the evidence says the widths chosen then no
+longer fit the messages now arriving (in EP: the wide cavities of a first sweep
+against the narrow ones of later sweeps; in a stream of problems: a new data set); or
+(b) it has learned as many answers since the last fit as that fit was made on (a
+doubling schedule: a logarithmic number of refits, each on more data). Nothing
+learned is dropped beyond what the bounded memory forgets, and the memory is saved
+with the operator, so a loaded operator can still adapt.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pmkjit._parallel import for_row_blocks
+from pmkjit._parallel import for_row_blocks, single_threaded_blas
 from pmkjit._random import as_generator
 from pmkjit.errors import ImproperMessageError, OperatorFileError
 from pmkjit.families import ExponentialFamily, Gaussian, family_by_name
@@ -60,6 +71,10 @@ _FEATURE_CLASSES = {
 # and each BLAS call is still large enough to run near peak (measured on the shared 2-core
 # machine: 512 to 2500 rows within a few percent, 256 rows 10-20% slower).
 _PREDICT_BLOCK_ROWS = 1024
+# Smallest number of inputs sent to the oracle in one round of a batch (below it, all).
+_MIN_QUERY_ROUND = 8
+# Answers learned since the last fit before a refit is considered.
+_MIN_REFIT_ANSWERS = 50
 _DEFAULT_SEARCH = {
     "GaussianJointEmbeddingFeatures": {"inner_scale": (0.5, 1.0, 2.0), "outer_scale": (0.5, 1.0, 2.0)},
     "ExpectedProductFeatures": {"scale": (0.25, 0.5, 1.0, 2.0)},
@@ -78,7 +93,8 @@ class KJITResult(NamedTuple):
     variance : ndarray (B, n_outputs)
         Epistemic predictive variance of every regression output before any oracle call.
     uncertain : ndarray of bool (B,)
-        Inputs that exceeded a threshold and were sent to the oracle.
+        Inputs sent to the oracle: uncertain when first predicted and still uncertain
+        after the oracle's answers to more uncertain inputs of the batch were learned.
     accepted : ndarray of bool (B,)
         False where the answer is missing (oracle refused); callers skip those updates.
     """
@@ -128,6 +144,19 @@ class KJITOperator:
         answer's. Since the epistemic variance is the input's leverage times the noise
         variance, this asks the oracle only for inputs of leverage above
         ``noise_floor``. ``0`` keeps the calibrated thresholds alone (the paper's rule).
+    query_fraction : float in (0, 1], default 0.25
+        Uncertain inputs of a batch go to the oracle in rounds: each round answers
+        this fraction of those still uncertain (the most uncertain first, at least 8),
+        updates the regression and re-predicts the rest, which are asked about in
+        the next round only if still uncertain. ``1.0`` asks about all of them at once.
+    memory : int, default 4000
+        Oracle answers kept (uniform reservoir) for refitting; ``0`` never refits.
+    refit_ratio : float, default 10
+        Refit when the noise variance of an output grows this many times over its
+        value at the last fit (after at least 50 new answers).
+    refit_size : int, default 1000
+        Answers from the memory on which a refit searches hyperparameters (the final
+        regression uses the whole memory).
     tolerance : float, default 0
         Predictions whose epistemic standard deviation is below ``tolerance`` in every
         output are trusted even above the calibrated thresholds: the accuracy the caller
@@ -150,6 +179,10 @@ class KJITOperator:
         threshold_quantile: float = 0.9,
         holdout: float = 0.2,
         noise_floor: float = 1.0,
+        query_fraction: float = 0.25,
+        memory: int = 4000,
+        refit_ratio: float = 10.0,
+        refit_size: int = 1000,
         tolerance: float = 0.0,
         random_state=None,
     ) -> None:
@@ -165,6 +198,14 @@ class KJITOperator:
         if not noise_floor >= 0.0:
             raise ValueError(f"noise_floor must be >= 0, got {noise_floor}")
         self.noise_floor = float(noise_floor)
+        if not 0.0 < query_fraction <= 1.0:
+            raise ValueError(f"query_fraction must be in (0, 1], got {query_fraction}")
+        self.query_fraction = float(query_fraction)
+        self.memory = int(memory)
+        self.refit_ratio = float(refit_ratio)
+        self.refit_size = int(refit_size)
+        if self.memory < 0 or self.refit_size < 10 or not self.refit_ratio > 1.0:
+            raise ValueError("need memory >= 0, refit_size >= 10 and refit_ratio > 1")
         self.tolerance = float(tolerance)
         self.random_state = random_state
         for t in self.targets:
@@ -172,6 +213,7 @@ class KJITOperator:
                 raise ValueError(f"target {t} is not one of the factor's {len(self.families)} variables")
         self.n_oracle_calls = 0
         self.n_predictions = 0
+        self.n_refits = 0
 
     # ------------------------------------------------------------ encoding
     @property
@@ -223,7 +265,7 @@ class KJITOperator:
 
         Chooses the feature hyperparameters and regulariser by log evidence on the
         non-held-out part, calibrates the thresholds on the held-out part, then refits
-        on everything.
+        on everything. The memory restarts from this minibatch.
         """
         messages = self._check_messages(messages)
         beliefs = tuple(beliefs)
@@ -232,11 +274,22 @@ class KJITOperator:
         Y = self._encode(beliefs, messages)
         if not np.isfinite(Y).all():
             raise ValueError("beliefs contain non-finite entries; drop rejected oracle answers first")
-        B = Y.shape[0]
-        if B < 10:
-            raise ValueError(f"the first minibatch needs at least 10 message tuples, got {B}")
+        if Y.shape[0] < 10:
+            raise ValueError(f"the first minibatch needs at least 10 message tuples, got {Y.shape[0]}")
         rng = as_generator(self.random_state)
         self._feature_seed = int(rng.integers(2**63 - 1))
+        self._memory_seed = int(rng.integers(2**63 - 1))
+        self.__dict__.pop("thresholds_", None)  # a fresh fit starts its calibration afresh
+        self.memory_ = np.empty((0, self._packed_width))
+        self._n_offered = 0
+        self._remember(self._pack(messages, beliefs))
+        with single_threaded_blas():
+            self._fit_core(messages, Y, rng)
+        return self
+
+    def _fit_core(self, messages: tuple, Y: np.ndarray, rng: np.random.Generator, final: tuple | None = None) -> None:
+        """Select hyperparameters, calibrate thresholds, fit; ``final`` = (messages, Y) for the last fit."""
+        B = Y.shape[0]
         perm = rng.permutation(B)
         n_hold = max(2, int(round(self.holdout * B)))
         hold, train = perm[:n_hold], perm[n_hold:]
@@ -250,15 +303,82 @@ class KJITOperator:
         Phi_h = features.transform(_take(messages, hold))
         mean_h, var_h = blr.predict(Phi_h, return_var=True, include_noise=False)
         err2 = (mean_h - Y[hold]) ** 2
-        self.thresholds_ = np.quantile(var_h, self.threshold_quantile, axis=0)
+        thresholds = np.quantile(var_h, self.threshold_quantile, axis=0)
+        # A refit never loosens the thresholds: its held-out part, drawn from a memory
+        # that mixes regions, can make "typical" variance look larger than the first
+        # fit's, and more data should make the operator more demanding, not less.
+        self.thresholds_ = thresholds if not hasattr(self, "thresholds_") else np.minimum(self.thresholds_, thresholds)
         total = var_h + blr.noise_var_
         self.calibration_ = np.median(err2 / total, axis=0)  # ~0.45 when well calibrated (chi2_1 median)
         self.holdout_rmse_ = np.sqrt(err2.mean(axis=0))
-        # Refit on all of the first minibatch with the regulariser chosen above.
+        # Refit on all of the first minibatch (or the memory) with the regulariser chosen above.
+        messages, Y = final if final is not None else (messages, Y)
         self.features_ = self._fit_features(features, messages)
         self.regression_ = BayesianLinearRegression(regularization=blr.regularization_).fit(
             self.features_.transform(messages), Y
         )
+        self._n_at_fit = int(messages[0].natural.shape[0])
+        self._n_since_fit = 0
+        self._noise_at_fit = np.array(self.regression_.noise_var_)
+
+    # ------------------------------------------------------------- memory
+    @property
+    def _packed_width(self) -> int:
+        return 2 * (len(self.families) + len(self.targets))
+
+    def _pack(self, messages: Sequence[ExponentialFamily], beliefs: Sequence[ExponentialFamily]) -> np.ndarray:
+        return np.concatenate([np.asarray(m.natural, float) for m in (*messages, *beliefs)], axis=1)
+
+    def _unpack(self, packed: np.ndarray) -> tuple[tuple, tuple]:
+        fams = (*self.families, *(self.families[t] for t in self.targets))
+        parts = tuple(f.from_natural(packed[:, 2 * i : 2 * i + 2]) for i, f in enumerate(fams))
+        return parts[: len(self.families)], parts[len(self.families) :]
+
+    def _remember(self, packed: np.ndarray) -> None:
+        """Offer answers to the reservoir: every answer offered so far is kept with equal probability."""
+        if self.memory == 0 or packed.shape[0] == 0:
+            return
+        fill = min(self.memory - self.memory_.shape[0], packed.shape[0])
+        if fill > 0:
+            self.memory_ = np.concatenate([self.memory_, packed[:fill]])
+            self._n_offered += fill
+            packed = packed[fill:]
+        n = packed.shape[0]
+        if n == 0:
+            return
+        # Vectorised reservoir sampling (Algorithm R): the k-th further answer takes a
+        # random slot with probability size / (answers offered so far); a slot drawn
+        # twice keeps the later answer. The stream of draws is a function of the seed and
+        # the number of answers offered, so a saved and reloaded operator continues it.
+        rng = np.random.default_rng([self._memory_seed, self._n_offered])
+        offered = self._n_offered + np.arange(1, n + 1)
+        slot = np.floor(rng.random(n) * offered).astype(np.int64)
+        self._n_offered += n
+        hit = np.flatnonzero(slot < self.memory)
+        if hit.size:
+            slots, last = np.unique(slot[hit][::-1], return_index=True)
+            self.memory_[slots] = packed[hit[::-1][last]]
+
+    def _stale(self) -> bool:
+        if self.memory == 0 or self._n_since_fit < _MIN_REFIT_ANSWERS:
+            return False
+        if self._n_since_fit >= self._n_at_fit:
+            return True
+        return bool(np.any(self.regression_.noise_var_ > self.refit_ratio * self._noise_at_fit))
+
+    def refit(self) -> "KJITOperator":
+        """Re-select hyperparameters, recalibrate thresholds and refit on the memory."""
+        self._check_fitted()
+        if self.memory_.shape[0] < 10:
+            raise RuntimeError("the operator's memory holds fewer than 10 answers; nothing to refit on")
+        rng = np.random.default_rng([self._memory_seed, self._n_offered, self.n_refits + 1])
+        messages, beliefs = self._unpack(self.memory_)
+        Y = self._encode(beliefs, messages)
+        n = Y.shape[0]
+        sel = np.sort(rng.choice(n, self.refit_size, replace=False)) if n > self.refit_size else np.arange(n)
+        with single_threaded_blas():
+            self._fit_core(_take(messages, sel), Y[sel], rng, final=(messages, Y))
+        self.n_refits += 1
         return self
 
     def _make_features(self):
@@ -297,7 +417,7 @@ class KJITOperator:
         """
         self._check_fitted()
         floor = np.maximum(self.noise_floor * self.regression_.noise_var_, self.tolerance**2)
-        return np.maximum(self.thresholds_, floor)
+        return np.maximum(np.maximum(self.thresholds_, floor), np.finfo(float).tiny)
 
     def predict(self, messages: Sequence[ExponentialFamily]) -> tuple[tuple, np.ndarray]:
         """Predicted beliefs of the targets and the epistemic variance ``(B, n_outputs)``."""
@@ -342,10 +462,20 @@ class KJITOperator:
         """Add oracle answers to the regression (rank-k Cholesky update)."""
         self._check_fitted()
         messages = self._check_messages(messages)
-        Y = self._encode(tuple(beliefs), messages)
-        ok = np.isfinite(Y).all(axis=1)
-        if ok.any():
-            self.regression_.partial_fit(self.features_.transform(_take(messages, np.flatnonzero(ok))), Y[ok])
+        beliefs = tuple(beliefs)
+        Y = self._encode(beliefs, messages)
+        ok = np.flatnonzero(np.isfinite(Y).all(axis=1))
+        if ok.size == 0:
+            return self
+        msgs = _take(messages, ok)
+        Phi = self.features_.transform(msgs)
+        # how surprising the answers are to the current model, before it learns them
+        with single_threaded_blas():
+            self.regression_.partial_fit(Phi, Y[ok])
+        self._n_since_fit += ok.size
+        self._remember(self._pack(msgs, tuple(b[ok] for b in beliefs)))
+        if self._stale():
+            self.refit()
         return self
 
     def __call__(self, messages: Sequence[ExponentialFamily], oracle: Callable) -> KJITResult:
@@ -366,20 +496,37 @@ class KJITOperator:
             _, var = self.predict(messages)
             return KJITResult(answers, var, np.ones(B, bool), good)
         beliefs, var = self.predict(messages)
-        uncertain = np.any(var > self.current_thresholds(), axis=1)
+        first_var = var
+        excess = np.max(var / self.current_thresholds(), axis=1)  # > 1: uncertain
+        pending = np.flatnonzero(excess > 1.0)
+        asked = np.zeros(B, bool)
         accepted = np.ones(B, bool)
-        if uncertain.any():
-            idx = np.flatnonzero(uncertain)
+        while pending.size:
+            # Ask about the most uncertain part of the pending inputs, learn, and re-predict
+            # the rest: inputs of a batch resemble each other, so a few answers often make
+            # the operator sure of many others (as it would be if they came one by one).
+            k = pending.size if pending.size <= _MIN_QUERY_ROUND else max(
+                _MIN_QUERY_ROUND, int(np.ceil(self.query_fraction * pending.size)))
+            order = np.argsort(-excess[pending], kind="stable")
+            idx, rest = np.sort(pending[order[:k]]), np.sort(pending[order[k:]])
             sub = _take(messages, idx)
             result = oracle(sub)
             self.n_oracle_calls += idx.size
+            asked[idx] = True
             answers = tuple(result.beliefs[t] for t in self.targets)
             ok = _answered(answers)
             accepted[idx[~ok]] = False
             if ok.any():
                 self.update(_take(sub, np.flatnonzero(ok)), tuple(a[ok] for a in answers))
             beliefs = tuple(b.scatter(idx, a) for b, a in zip(beliefs, answers))
-        return KJITResult(beliefs, var, uncertain, accepted)
+            if rest.size == 0:
+                break
+            new_beliefs, var_rest = self.predict(_take(messages, rest))
+            self.n_predictions -= rest.size  # a re-prediction, not a new message
+            beliefs = tuple(b.scatter(rest, a) for b, a in zip(beliefs, new_beliefs))
+            excess[rest] = np.max(var_rest / self.current_thresholds(), axis=1)
+            pending = rest[excess[rest] > 1.0]
+        return KJITResult(beliefs, first_var, asked, accepted)
 
     # ----------------------------------------------------------------- I/O
     def save(self, path: str | Path) -> Path:
@@ -395,9 +542,15 @@ class KJITOperator:
             "meta/feature_class": np.asarray(type(self.features_).__name__),
             "meta/threshold_quantile": np.asarray(self.threshold_quantile),
             "meta/noise_floor": np.asarray(self.noise_floor),
+            "meta/query_fraction": np.asarray(self.query_fraction),
             "thresholds": self.thresholds_,
             "calibration": self.calibration_,
-            "counts": np.asarray([self.n_oracle_calls, self.n_predictions]),
+            "meta/memory": np.asarray([self.memory, self.refit_size]),
+            "meta/refit_ratio": np.asarray(self.refit_ratio),
+            "counts": np.asarray([self.n_oracle_calls, self.n_predictions, self.n_refits, self._n_offered]),
+            "seeds": np.asarray([self._feature_seed, self._memory_seed], dtype=np.int64),
+            "memory": self.memory_,
+            "refit_state": np.concatenate([[self._n_at_fit, self._n_since_fit], self._noise_at_fit]),
         }
         arrays.update({f"features/{k}": v for k, v in self.features_.state_dict().items()})
         arrays.update({f"regression/{k}": v for k, v in self.regression_.state_dict().items()})
@@ -453,20 +606,33 @@ class KJITOperator:
                 target_form=str(arrays["meta/target_form"]),
                 threshold_quantile=float(arrays["meta/threshold_quantile"]),
                 noise_floor=float(arrays["meta/noise_floor"]),
+                query_fraction=float(arrays["meta/query_fraction"]),
+                memory=int(arrays["meta/memory"][0]),
+                refit_size=int(arrays["meta/memory"][1]),
+                refit_ratio=float(arrays["meta/refit_ratio"]),
             )
             feature_cls = _FEATURE_CLASSES[str(arrays["meta/feature_class"])]
             op.features_ = feature_cls.from_state_dict(_section(arrays, "features/"))
             op.regression_ = BayesianLinearRegression.from_state_dict(_section(arrays, "regression/"))
             op.thresholds_ = np.asarray(arrays["thresholds"], dtype=float)
             op.calibration_ = np.asarray(arrays["calibration"], dtype=float)
-            op.n_oracle_calls, op.n_predictions = (int(c) for c in arrays["counts"])
+            op.n_oracle_calls, op.n_predictions, op.n_refits, op._n_offered = (int(c) for c in arrays["counts"])
+            op._feature_seed, op._memory_seed = (int(c) for c in arrays["seeds"])
+            op.memory_ = np.array(arrays["memory"], dtype=float)
+            op._n_at_fit, op._n_since_fit = (int(c) for c in arrays["refit_state"][:2])
+            op._noise_at_fit = np.asarray(arrays["refit_state"][2:], dtype=float)
+            if op._noise_at_fit.shape != (op.n_outputs,):
+                raise OperatorFileError(f"{path}: refit state does not match {op.n_outputs} outputs")
+            if op.memory_.ndim != 2 or op.memory_.shape[1] != op._packed_width or op.memory_.shape[0] > op.memory:
+                raise OperatorFileError(f"{path}: memory of shape {op.memory_.shape} does not fit the operator")
             if op.thresholds_.shape != (op.n_outputs,) or op.regression_.coef_.shape != (
                 op.features_.n_features_out_,
                 op.n_outputs,
             ):
                 raise OperatorFileError(f"{path}: regression, features and outputs have inconsistent sizes")
-            if not (np.isfinite(op.regression_.coef_).all() and np.isfinite(op.thresholds_).all()):
-                raise OperatorFileError(f"{path}: non-finite weights or thresholds")
+            if not (np.isfinite(op.regression_.coef_).all() and np.isfinite(op.thresholds_).all()
+                    and np.isfinite(op.memory_).all()):
+                raise OperatorFileError(f"{path}: non-finite weights, thresholds or memory")
         except OperatorFileError:
             raise
         except KeyError as exc:
