@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pmkjit._parallel import for_row_blocks, single_threaded_blas
+from pmkjit._parallel import for_row_blocks, n_workers, single_threaded_blas
 from pmkjit._random import as_generator
 from pmkjit.errors import ImproperMessageError, OperatorFileError
 from pmkjit.families import ExponentialFamily, Gaussian, family_by_name
@@ -71,6 +71,7 @@ _FEATURE_CLASSES = {
 # and each BLAS call is still large enough to run near peak (measured on the shared 2-core
 # machine: 512 to 2500 rows within a few percent, 256 rows 10-20% slower).
 _PREDICT_BLOCK_ROWS = 1024
+_MIN_SPLIT_ROWS = 32
 # Smallest number of inputs sent to the oracle in one round of a batch (below it, all).
 _MIN_QUERY_ROUND = 8
 # Answers learned since the last fit before a refit is considered.
@@ -445,7 +446,11 @@ class KJITOperator:
                 var[lo:hi] = np.reshape(v_blk, (hi - lo, K))
 
             self.features_._validate(messages, fitting=False)  # fail before any thread starts
-            for_row_blocks(block, B, _PREDICT_BLOCK_ROWS)
+            # A batch smaller than two blocks is still split between the cores: one
+            # block would run on OpenBLAS's own threads, which spin and slow down several
+            # times over whenever another process holds a core.
+            rows = max(_MIN_SPLIT_ROWS, min(_PREDICT_BLOCK_ROWS, -(-B // n_workers())))
+            for_row_blocks(block, B, rows)
         else:
             Phi = self.features_.transform(messages)
             mean, var = self.regression_.predict(Phi, return_var=True, include_noise=False)
