@@ -169,6 +169,9 @@ def fit(
         for f, k in zip(graph.factors, kjits):
             if k is not None and k.fitted:
                 store.save(f, k.operator)
+                store.drop_pending(f)
+            elif k is not None and k.pending_answers() is not None:
+                store.save_pending(f, *k.pending_answers())  # too few to fit on yet: keep for the next fit
 
     t0 = time.perf_counter()
     idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
@@ -208,7 +211,8 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         oracles.append(orc)
         if method == "kjit" and f.latent_inputs:
             op = store.load(f) if store is not None else None
-            k = KJITMethod(f, orc, op, tolerance=tol, rng=sub)
+            pending = store.load_pending(f) if store is not None and op is None else None
+            k = KJITMethod(f, orc, op, tolerance=tol, rng=sub, pending=pending)
             kjits.append(k)
             methods.append(k)
         else:

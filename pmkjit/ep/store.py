@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
+import numpy as np
+
 from pmkjit.errors import OperatorFileError
+from pmkjit.families import ExponentialFamily
 from pmkjit.graph.factor_graph import BlackBoxFactor
 from pmkjit.operators import KJITOperator
 
@@ -19,6 +23,9 @@ class OperatorStore:
     Operators are keyed by the factor's *form* (:attr:`BlackBoxFactor.key`: the
     distribution, the graph of its parameters and the message families), not by the
     model's variable names, so a second model with the same kind of factor reuses it.
+    Oracle answers of a factor whose operator has not been fitted yet (too few, e.g. a
+    factor with one instance whose EP converged in two sweeps) are kept next to it
+    (``<key>.pending.npz``) and handed to the next fit, until enough accumulate.
 
     Parameters
     ----------
@@ -48,13 +55,71 @@ class OperatorStore:
 
     def save(self, factor: BlackBoxFactor, operator: KJITOperator) -> Path:
         """Write atomically (a crash never leaves a half-written operator behind)."""
-        path = self.path(factor)
+        return self._write(self.path(factor), operator.save)
+
+    def _write(self, path: Path, write) -> Path:
         fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".npz.tmp")
         os.close(fd)
         try:
-            operator.save(tmp)
+            write(tmp)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return path
+
+    # ---------------------------------------------- answers awaiting a first fit
+    def pending_path(self, factor: BlackBoxFactor) -> Path:
+        return self.directory / f"{factor.key}.pending.npz"
+
+    def save_pending(self, factor: BlackBoxFactor, messages, beliefs) -> Path:
+        """Keep oracle answers (message batches ``(*inputs, output)``, target beliefs) for a later fit."""
+        packed = np.concatenate([np.asarray(b.natural, float) for b in (*messages, *beliefs)], axis=1)
+        arrays = {
+            "format": np.asarray(_PENDING_FORMAT),
+            "version": np.asarray(_PENDING_VERSION),
+            "families": np.asarray([f.name for f in factor.families]),
+            "targets": np.asarray(factor.targets, dtype=int),
+            "answers": packed,
+        }
+
+        def write(tmp):
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **arrays)
+
+        return self._write(self.pending_path(factor), write)
+
+    def load_pending(self, factor: BlackBoxFactor) -> tuple[tuple, tuple] | None:
+        """Answers kept by :meth:`save_pending` for ``factor``, or ``None``; a bad file raises."""
+        path = self.pending_path(factor)
+        if not path.exists():
+            return None
+        fams = (*factor.families, *(factor.families[t] for t in factor.targets))
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {k: f[k] for k in f.files}
+            if str(arrays["format"]) != _PENDING_FORMAT or int(arrays["version"]) != _PENDING_VERSION:
+                raise OperatorFileError(f"{path} is not a pmkjit pending-answers file of version {_PENDING_VERSION}")
+            names = [str(n) for n in arrays["families"]]
+            if names != [f.name for f in factor.families] or arrays["targets"].tolist() != list(factor.targets):
+                raise OperatorFileError(f"{path} holds answers for variables {names}, targets "
+                                        f"{arrays['targets'].tolist()}; factor {factor.name} has "
+                                        f"{[f.name for f in factor.families]}, targets {list(factor.targets)}")
+            packed = np.asarray(arrays["answers"], dtype=float)
+            if packed.ndim != 2 or packed.shape[1] != 2 * len(fams) or not np.isfinite(packed).all():
+                raise OperatorFileError(f"{path}: answers of shape {packed.shape} (or non-finite) do not fit "
+                                        f"factor {factor.name}")
+        except OperatorFileError:
+            raise
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise OperatorFileError(f"{path} is not a readable pending-answers file: {exc}") from exc
+        parts: list[ExponentialFamily] = [f.from_natural(packed[:, 2 * i : 2 * i + 2]) for i, f in enumerate(fams)]
+        return tuple(parts[: len(factor.families)]), tuple(parts[len(factor.families) :])
+
+    def drop_pending(self, factor: BlackBoxFactor) -> None:
+        """Forget kept answers (the operator has been fitted on them)."""
+        self.pending_path(factor).unlink(missing_ok=True)
+
+
+_PENDING_FORMAT = "pmkjit.PendingAnswers"
+_PENDING_VERSION = 1

@@ -17,6 +17,7 @@ black-box factor with a forward sampler and, where PyMC can derive one, a log-de
 from __future__ import annotations
 
 import hashlib
+import re
 import warnings
 from collections.abc import Sequence
 
@@ -672,9 +673,16 @@ def _describe(g: Variable) -> str:
     return "(".join(ops) + "(...)" + ")" * max(len(ops) - 1, 0) if ops else "identity"
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _graph_key(out: Variable, inputs: list) -> str:
     """A hash of the graph's structure (ops and constants), independent of names."""
     text = pytensor.printing.debugprint(out, file="str", print_type=True, id_type="")
+    # a random variable's generator prints with its memory address ("RNG(<Generator(PCG64)
+    # at 0x7f...>)"), different in every model and process: without this the key changed
+    # with every fit and stored operators of sampled factors were never found again
+    text = _ADDRESS.sub("", text)
     for i, v in enumerate(inputs):
         text = text.replace(v.name, f"in{i}")
     return hashlib.sha1(text.encode()).hexdigest()[:12]
