@@ -136,6 +136,7 @@ def fit(
                          "unanswered": 0}
     converged = not graph.factors
     sweeps = 0
+    limit_step = step  # damping of the last sweep: convergence needs change < tol * that
     t_ep = time.perf_counter()
     with _progress(progressbar, max_sweeps if graph.factors else 0) as advance:
         for sweeps in range(1, (max_sweeps if graph.factors else 0) + 1):
@@ -145,6 +146,7 @@ def fit(
                 callback(info)
             # A damped sweep moves a fraction ``step`` of the way: change / step estimates
             # the distance still to go, so heavy damping cannot pass for convergence.
+            limit_step = step
             done = info.max_change < tol * step
             if adaptive and trace and info.max_change > trace[-1]:
                 step = max(0.5 * step, _MIN_AUTO_DAMPING)
@@ -160,8 +162,10 @@ def fit(
     timings["ep"] = time.perf_counter() - t_ep
     if not converged:
         warnings.warn(
-            f"EP did not converge in {max_sweeps} sweeps (last change {trace[-1]:.2g} > tol={tol:g}); "
-            "raise max_sweeps or lower damping",
+            f"EP did not converge in {max_sweeps} sweeps (last change {trace[-1]:.2g} > tol x damping = "
+            f"{tol:g} x {limit_step:g} = {tol * limit_step:.2g}: a sweep damped by {limit_step:g} moves only that "
+            "fraction of the way); raise max_sweeps or tol. With importance sampling, Monte Carlo noise in the "
+            "tilted moments keeps every sweep changing the posterior: raise n_importance_samples",
             EPNotConvergedWarning,
             stacklevel=2,
         )
