@@ -208,8 +208,14 @@ def test_corrupt_and_mismatched_files(fitted, tmp_path):
     np.savez(other, **arrays)
     with pytest.raises(OperatorFileError, match="version 99"):
         KJITOperator.load(other)
-    del arrays["thresholds"]
     arrays["meta/version"] = np.asarray(FILE_VERSION)
+    good_memory = arrays["memory"]
+    arrays["memory"] = good_memory[:, :3]  # answers of another factor's width
+    np.savez(other, **arrays)
+    with pytest.raises(OperatorFileError, match="memory"):
+        KJITOperator.load(other)
+    arrays["memory"] = good_memory
+    del arrays["thresholds"]
     np.savez(other, **arrays)
     with pytest.raises(OperatorFileError, match="thresholds"):
         KJITOperator.load(other)

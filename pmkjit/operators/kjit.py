@@ -474,7 +474,6 @@ class KJITOperator:
             return self
         msgs = _take(messages, ok)
         Phi = self.features_.transform(msgs)
-        # how surprising the answers are to the current model, before it learns them
         with single_threaded_blas():
             self.regression_.partial_fit(Phi, Y[ok])
         self._n_since_fit += ok.size
