@@ -143,12 +143,7 @@ def test_ep_posterior_in_closed_form_and_sweep_callback():
 
 
 def test_ep_posterior_of_positive_latents_is_their_family():
-    rng = np.random.default_rng(8)
-    x = rng.normal(0.0, 0.5, size=30)
-    with pm.Model() as model:
-        r = pm.Gamma("r", 1.0, 1.0)
-        tau = pm.Gamma("tau", 1.0, r)
-        pm.Normal("x", 0.0, 1.0 / pm.math.sqrt(tau), observed=x)
+    model = compound_gamma_model(8)
     idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=20000)
     post = pmkjit.ep_posterior(idata)
     for name in ("r", "tau"):

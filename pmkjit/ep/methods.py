@@ -214,7 +214,6 @@ class KJITMethod:
         self.first_batch = int(first_batch)
         self.min_fit = max(int(min_fit), 10)
         self.rng = rng
-        self.last_variance: np.ndarray | None = None
         self._seen: list[tuple[tuple, tuple]] = []
         self._answered: dict[bytes, np.ndarray] = {}  # distinct input tuple -> belief naturals
         if pending is not None and not self.fitted and len(pending[0][0]):
@@ -275,7 +274,6 @@ class KJITMethod:
         call = self.oracle.as_operator_oracle()
         if self.fitted:
             result = self.operator(messages, call)
-            self.last_variance = result.variance
             uncertain = np.asarray(result.uncertain, bool)
             return Answer(tuple(result.beliefs), np.asarray(result.accepted, bool), result.variance, uncertain)
         n = min(B, self.first_batch)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from pmkjit.errors import OperatorFileError
-from pmkjit.families import ExponentialFamily
 from pmkjit.graph.factor_graph import BlackBoxFactor
 from pmkjit.operators import KJITOperator
+from pmkjit.operators.kjit import pack_answers, unpack_answers
 
 __all__ = ["OperatorStore"]
 
@@ -74,7 +74,7 @@ class OperatorStore:
 
     def save_pending(self, factor: BlackBoxFactor, messages, beliefs) -> Path:
         """Keep oracle answers (message batches ``(*inputs, output)``, target beliefs) for a later fit."""
-        packed = np.concatenate([np.asarray(b.natural, float) for b in (*messages, *beliefs)], axis=1)
+        packed = pack_answers(messages, beliefs)
         arrays = {
             "format": np.asarray(_PENDING_FORMAT),
             "version": np.asarray(_PENDING_VERSION),
@@ -113,8 +113,7 @@ class OperatorStore:
             raise
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
             raise OperatorFileError(f"{path} is not a readable pending-answers file: {exc}") from exc
-        parts: list[ExponentialFamily] = [f.from_natural(packed[:, 2 * i : 2 * i + 2]) for i, f in enumerate(fams)]
-        return tuple(parts[: len(factor.families)]), tuple(parts[len(factor.families) :])
+        return unpack_answers(packed, factor.families, [factor.families[t] for t in factor.targets])
 
     def drop_pending(self, factor: BlackBoxFactor) -> None:
         """Forget kept answers (the operator has been fitted on them)."""

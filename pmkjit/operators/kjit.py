@@ -328,12 +328,10 @@ class KJITOperator:
         return 2 * (len(self.families) + len(self.targets))
 
     def _pack(self, messages: Sequence[ExponentialFamily], beliefs: Sequence[ExponentialFamily]) -> np.ndarray:
-        return np.concatenate([np.asarray(m.natural, float) for m in (*messages, *beliefs)], axis=1)
+        return pack_answers(messages, beliefs)
 
     def _unpack(self, packed: np.ndarray) -> tuple[tuple, tuple]:
-        fams = (*self.families, *(self.families[t] for t in self.targets))
-        parts = tuple(f.from_natural(packed[:, 2 * i : 2 * i + 2]) for i, f in enumerate(fams))
-        return parts[: len(self.families)], parts[len(self.families) :]
+        return unpack_answers(packed, self.families, [self.families[t] for t in self.targets])
 
     def _remember(self, packed: np.ndarray) -> None:
         """Offer answers to the reservoir: every answer offered so far is kept with equal probability."""
@@ -672,6 +670,19 @@ class KJITOperator:
             f"KJITOperator(families={[f.name for f in self.families]}, targets={list(self.targets)}, {state}, "
             f"oracle_calls={self.n_oracle_calls}, predictions={self.n_predictions})"
         )
+
+
+def pack_answers(messages: Sequence[ExponentialFamily], beliefs: Sequence[ExponentialFamily]) -> np.ndarray:
+    """Oracle answers as one array: the natural parameters of every message, then every belief."""
+    return np.concatenate([np.asarray(m.natural, float) for m in (*messages, *beliefs)], axis=1)
+
+
+def unpack_answers(packed: np.ndarray, message_families: Sequence[type[ExponentialFamily]],
+                   belief_families: Sequence[type[ExponentialFamily]]) -> tuple[tuple, tuple]:
+    """Inverse of :func:`pack_answers`: (message batches, belief batches)."""
+    fams = (*message_families, *belief_families)
+    parts = tuple(f.from_natural(packed[:, 2 * i : 2 * i + 2]) for i, f in enumerate(fams))
+    return parts[: len(message_families)], parts[len(message_families) :]
 
 
 def _answered(beliefs: Sequence[ExponentialFamily]) -> np.ndarray:
