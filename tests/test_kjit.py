@@ -58,6 +58,23 @@ def test_first_call_fits_and_predictions_are_accurate(fitted):
     assert np.median(np.log(truth.kl(test[0]))) > np.median(log_kl) + 3
 
 
+def test_default_feature_map_is_sized_by_the_message_parameters():
+    from pmkjit.families import PointMass
+    from pmkjit.operators.kjit import default_feature_sizes
+
+    assert default_feature_sizes((Gaussian, Beta)) == (200, 400)  # p = 4
+    assert default_feature_sizes((Gaussian, PointMass)) == (150, 300)  # a point mass has one parameter
+    assert default_feature_sizes((Gaussian,) * 8) == (500, 1000)  # capped
+    rng = np.random.default_rng(3)
+    op = KJITOperator((Gaussian, Beta), targets=(0,), search={}, random_state=0)
+    train = incoming(rng, 200)
+    op(train, CountingOracle())
+    assert (op.features_.n_inner, op.features_.n_outer) == (200, 400)
+    test = incoming(rng, 200)
+    (pred,), _ = op.predict(test)
+    assert np.median(np.log(CountingOracle().inner(test).beliefs[0].kl(pred))) < -5
+
+
 def test_uncertainty_grows_away_from_training_messages(fitted):
     op, _ = fitted
     rng = np.random.default_rng(2)
