@@ -146,6 +146,31 @@ def test_quadrature_refuses_where_the_function_saturates():
     np.testing.assert_allclose(res.beliefs[0].natural[0], ref.beliefs[0].natural[0], rtol=1e-9)
 
 
+def test_probit_link_is_resolved_where_it_saturates():
+    """0.5 erfc(u) (pm.math.invprobit) gets a stable logit: tilted laws in its flat tails
+    are answered and agree with brute force on a dense grid in the latent's own scale."""
+    from pmkjit.links import half_erfc
+
+    probit = QuadratureOracle(half_erfc, (Gaussian, Beta))
+    mu = np.array([0.0, -9.0, 9.0, -30.0, 2.0])
+    v = np.array([1.0, 4.0, 0.5, 9.0, 25.0])
+    a, b = np.array([2.0, 2.0, 1.0, 2.0, 1.0]), np.array([1.0, 1.0, 2.0, 1.0, 2.0])
+    res = probit((Gaussian(mu, v), Beta(a, b)))
+    assert res.accepted.all()
+    wrapped = QuadratureOracle(lambda u: half_erfc(u), (Gaussian, Beta))  # the same link, unrecognised
+    assert not wrapped((Gaussian(mu, v), Beta(a, b))).accepted.all()
+    z = np.linspace(-80.0, 80.0, 800_001)
+    for i in range(mu.size):
+        log_p = special.log_ndtr(-np.sqrt(2.0) * z)  # log 0.5 erfc(z)
+        log_q = special.log_ndtr(np.sqrt(2.0) * z)  # log (1 - 0.5 erfc(z))
+        lw = stats.norm.logpdf(z, mu[i], np.sqrt(v[i])) + (a[i] - 1) * log_p + (b[i] - 1) * log_q
+        w = np.exp(lw - lw.max())
+        w /= w.sum()
+        m = w @ z
+        np.testing.assert_allclose(res.beliefs[0].mean()[i], m, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(res.beliefs[0].var()[i], w @ (z - m) ** 2, rtol=1e-8)
+
+
 def test_quadrature_refuses_a_factor_that_cannot_be_evaluated():
     nan_density = QuadratureOracle(lambda x, ins: np.full_like(x, np.nan), (Gaussian,), kind="density", observed=[0.0])
     res = nan_density((Gaussian([0.0], [1.0]),))
@@ -315,3 +340,24 @@ def test_oracle_input_errors():
             (Gaussian([0.0], [1.0]), Beta([1.0], [1.0])))
     with pytest.raises(ValueError, match="1 or 2 latent"):
         QuadratureOracle(lambda x, ins: x, (Gaussian, Gaussian, Gaussian), kind="density")
+
+
+def test_invprobit_in_a_model_is_recognised_as_the_probit_link():
+    import pymc as pm
+
+    from pmkjit.graph import build_factor_graph
+    from pmkjit.links import half_erfc
+
+    X = np.random.default_rng(0).standard_normal((30, 3))
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0, shape=3)
+        pm.Bernoulli("y", p=pm.math.invprobit(pm.math.dot(X, w)), observed=(X[:, 0] > 0).astype(int))
+    (factor,) = build_factor_graph(model, random_seed=0).factors
+    assert factor.scipy_function is half_erfc
+    u = np.linspace(-6.0, 6.0, 13)
+    np.testing.assert_allclose(factor.function((u,), None), half_erfc(u), rtol=1e-12)
+    # the linear slot carries the -1/sqrt(2) of invprobit: p = Phi(X w) (to float32 rounding:
+    # PyMC's graph takes sqrt(2.0) of a float32 constant)
+    w_val = np.array([0.3, -0.2, 0.5])
+    z = factor.inputs[0].A @ w_val + factor.inputs[0].c
+    np.testing.assert_allclose(half_erfc(z), stats.norm.cdf(X @ w_val), rtol=1e-7)

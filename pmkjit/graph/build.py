@@ -32,6 +32,7 @@ from pymc.pytensorf import find_rng_nodes, reseed_rngs
 from pytensor.graph.basic import Constant, Variable
 from pytensor.compile.ops import ViewOp
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.sharedvar import TensorSharedVariable
@@ -50,6 +51,7 @@ from pmkjit.graph.factor_graph import (
     LinearSlot,
 )
 from pmkjit.graph.pytensor_tools import affine_coefficients, compile_function, evaluate_constant, latent_ancestors
+from pmkjit.links import half_erfc
 
 __all__ = ["build_factor_graph"]
 
@@ -655,12 +657,31 @@ def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
 
 
 def _recognise_link(g: Variable, inputs: list) -> object:
-    """``scipy.special.expit`` / ``numpy.exp`` when ``g`` is exactly that link of its one input."""
+    """The numpy form of ``g`` when it is a known link of its one input, else None.
+
+    ``sigmoid(u)`` -> ``scipy.special.expit``, ``exp(u)`` -> ``numpy.exp`` and
+    ``0.5 * erfc(u)`` (``pm.math.invprobit`` once its ``-1/sqrt(2)`` is folded into the
+    linear predictor) -> :func:`pmkjit.links.half_erfc`; quadrature then evaluates the
+    output's logit or log stably (:mod:`pmkjit.links`).
+    """
     from scipy import special
 
-    if len(inputs) == 1 and g.owner is not None and isinstance(g.owner.op, Elemwise) and g.owner.inputs[0] is inputs[0]:
-        name = type(g.owner.op.scalar_op).__name__
+    if len(inputs) != 1 or g.owner is None or not isinstance(g.owner.op, Elemwise):
+        return None
+    name = type(g.owner.op.scalar_op).__name__
+    args = g.owner.inputs
+    if len(args) == 1 and args[0] is inputs[0]:
         return {"Sigmoid": special.expit, "Exp": np.exp}.get(name)
+    if name == "Mul" and len(args) == 2:
+        for half, other in (args, args[::-1]):
+            if (other.owner is not None and isinstance(other.owner.op, Elemwise)
+                    and type(other.owner.op.scalar_op).__name__ == "Erfc" and other.owner.inputs[0] is inputs[0]):
+                try:
+                    value = pt.get_underlying_scalar_constant_value(half)
+                except NotScalarConstantError:
+                    continue
+                if value == 0.5:
+                    return half_erfc
     return None
 
 

@@ -43,9 +43,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy import special
 
 from pmkjit.families import ExponentialFamily, Gaussian
+from pmkjit.links import unconstrained_output
 from pmkjit.operators.oracle import OracleResult, check_messages, project_beliefs
 
 __all__ = ["QuadratureOracle"]
@@ -67,12 +67,6 @@ _RTOL = {1: 1e-10, 2: 1e-7}  # target |trapezoid - every-other-node trapezoid| /
 # trapezoid's own error is then far smaller (geometric convergence: ~ the square of it)
 _RTOL_FINAL = 1e-7  # accept an unconverged entry only if it is at least this close
 _MAX_POINTS = 2_000_000  # grid points x batch entries held at once (per coordinate array)
-# links whose inverse is the output family's to_unconstrained (logit, log)
-_IDENTITY_LINKS = ((special.expit, "unit_interval"), (np.exp, "positive"))
-
-
-def _identity(x: np.ndarray) -> np.ndarray:
-    return x
 
 
 class QuadratureOracle:
@@ -121,7 +115,8 @@ class QuadratureOracle:
     Without ``unconstrained_function``, a deterministic ``function`` that saturates
     costs digits: ``logit(expit(19))`` keeps only ~8. ``scipy.special.expit`` with a
     Beta output and ``numpy.exp`` with a Gamma output are recognised and get the exact
-    ``x_in -> x_in``.
+    ``x_in -> x_in``, and :func:`pmkjit.links.half_erfc` (``pm.math.invprobit``) its
+    stable logit (see :mod:`pmkjit.links`).
     """
 
     def __init__(self, function: Callable, families: Sequence[type[ExponentialFamily]], *,
@@ -132,10 +127,9 @@ class QuadratureOracle:
         self.function = function
         self.families = tuple(families)
         if unconstrained_function is None and kind == "deterministic" and len(self.families) == 2:
-            # the output's unconstrained coordinate is x_in itself for these links: exact
-            # where the link rounds to the edge of the support
-            if any(function is f and self.families[1].support == sup for f, sup in _IDENTITY_LINKS):
-                unconstrained_function = _identity
+            # recognised links (expit, exp, invprobit) give the output's unconstrained
+            # coordinate exactly where the link rounds to the edge of the support
+            unconstrained_function = unconstrained_output(function, self.families[1].support)
         self.unconstrained_function = unconstrained_function
         self.kind = kind
         self.observed = None if observed is None else np.asarray(observed, dtype=float)
