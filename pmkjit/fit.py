@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from contextlib import nullcontext
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import arviz as az
