@@ -50,7 +50,13 @@ from pmkjit.graph.factor_graph import (
     LatentVariable,
     LinearSlot,
 )
-from pmkjit.graph.pytensor_tools import affine_coefficients, compile_function, evaluate_constant, latent_ancestors
+from pmkjit.graph.pytensor_tools import (
+    affine_coefficients,
+    compile_function,
+    evaluate_constant,
+    latent_ancestors,
+    parameter_checks_to_ninf,
+)
 from pmkjit.links import half_erfc
 
 __all__ = ["build_factor_graph"]
@@ -534,7 +540,7 @@ class _Builder:
         else:
             try:
                 value = pt.vector("value", dtype=rv.dtype)
-                logp_fn = compile_function([value, *inputs], pm.logp(new_rv, value))
+                logp_fn = compile_function([value, *inputs], parameter_checks_to_ninf(pm.logp(new_rv, value)))
 
                 def logp(x, ins, _f=logp_fn, _dtype=rv.dtype):
                     shape = np.shape(x)

@@ -16,7 +16,8 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.graph.replace import clone_replace, vectorize_graph
 
-__all__ = ["compile_function", "latent_ancestors", "affine_coefficients", "evaluate_constant"]
+__all__ = ["compile_function", "latent_ancestors", "affine_coefficients", "evaluate_constant",
+           "parameter_checks_to_ninf"]
 
 _MODE = "FAST_COMPILE"
 _AFFINE_RTOL = 1e-8
@@ -86,3 +87,56 @@ def affine_coefficients(
     if not np.all(np.abs(check - values[-2:]) <= _AFFINE_RTOL * scale * max(1.0, np.abs(A).max(initial=0.0))):
         return None
     return np.ascontiguousarray(A), np.array(c)
+
+
+def parameter_checks_to_ninf(logp: Variable) -> Variable:
+    """``logp`` with PyMC's parameter checks turned into ``-inf``, entry by entry.
+
+    PyMC guards a log-density with ``CheckParameterValue(expr, all(cond_1) & ...)``,
+    which raises ``ParameterValueError`` when any entry's parameters are invalid (a
+    sampled scale that underflowed to 0, a mean ``exp(eta)`` that overflowed), and which
+    PyMC's own compiler turns into ``switch(cond, expr, -inf)`` on the *scalar* ``all``:
+    one bad entry would zero the weight of a whole batch of samples. Here each condition
+    is applied elementwise instead (the conditions of a flat, batched log-density are
+    elementwise), falling back to the scalar switch for a guard of any other form.
+    """
+    from pymc.logprob.utils import CheckParameterValue
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.graph.rewriting.basic import in2out, node_rewriter
+    from pytensor.tensor.basic import MakeVector, ScalarFromTensor
+    from pytensor.tensor.math import All
+
+    def conditions(cond: Variable) -> list[Variable] | None:
+        node = cond.owner
+        if node is not None and isinstance(node.op, ScalarFromTensor):
+            node = node.inputs[0].owner
+        if node is None or not isinstance(node.op, All) or node.inputs[0].owner is None:
+            return None
+        inner = node.inputs[0].owner
+        parts = inner.inputs if isinstance(inner.op, MakeVector) else [node.inputs[0]]
+        out = []
+        for part in parts:
+            n = part.owner
+            if n is None or not isinstance(n.op, All) or n.op.axis not in (None, tuple(range(n.inputs[0].ndim))):
+                return None
+            out.append(n.inputs[0])
+        return out
+
+    @node_rewriter([CheckParameterValue])
+    def to_ninf(fgraph, node):
+        if not node.op.can_be_replaced_by_ninf:
+            return None
+        expr, *conds = node.inputs
+        parts = [c for cond in conds for c in (conditions(cond) or [None])]
+        if any(c is None for c in parts) or any(c.ndim > expr.ndim for c in parts):
+            ok = pt.all([pt.all(c) for c in conds])
+        else:
+            ok = parts[0]
+            for c in parts[1:]:
+                ok = pt.and_(ok, c)
+        return [pt.cast(pt.switch(ok, expr, -np.inf), node.outputs[0].dtype)]
+
+    fgraph = FunctionGraph(outputs=[logp], clone=False)  # keeps the caller's input variables
+    in2out(to_ninf).rewrite(fgraph)
+    return fgraph.outputs[0]
+
