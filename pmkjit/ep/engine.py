@@ -32,6 +32,7 @@ from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, Fac
 __all__ = ["EPState", "EPInfo", "init", "sweep", "posterior_moments"]
 
 _MAX_HALVINGS = 4
+_INIT_CLIP = 30.0  # |unconstrained value| of the forward samples that start a prior's site
 
 
 @dataclass
@@ -127,7 +128,11 @@ def init(graph: FactorGraph, rng: np.random.Generator, n_init: int = 4000) -> tu
         x = f.sampler(tuple(ins), rng)
         fam = f.output_family
         with np.errstate(all="ignore"):
-            stats = fam.sufficient_statistics(x)
+            # forward samples of a diffuse prior (Beta(phi k, (1 - phi) k) with a small k)
+            # round to the ends of the support (0 or 1, 0 or inf), where the sufficient
+            # statistics are infinite: clip them inside, in unconstrained space
+            u = np.clip(fam.to_unconstrained(np.asarray(x, dtype=float)), -_INIT_CLIP, _INIT_CLIP)
+            stats = fam.sufficient_statistics_unconstrained(np.where(np.isnan(u), 0.0, u))
         if fam is Gaussian:
             natural = Gaussian(x.mean(0), x.var(0) * 4.0).natural  # a broad start: 2 sds
         else:
