@@ -7,6 +7,7 @@ import pymc as pm
 import pytest
 from scipy import stats
 
+import pmkjit
 from pmkjit.ep import engine
 from pmkjit.families import Beta
 from pmkjit.graph import build_factor_graph
@@ -48,4 +49,52 @@ def test_prior_site_starts_from_forward_samples_at_the_ends_of_the_support():
     q = Beta.from_natural(state.element_natural["theta"])
     assert q.is_proper().all()
     assert np.all(np.isfinite(q.mean()))
+
+
+def gamma_shape_posterior_on_grid(y, mu, a0, b0, n=4001):
+    """Exact posterior mean and sd of the shape k of y ~ Gamma(k, rate=k/mu), k ~ Gamma(a0, b0)."""
+    from scipy import special
+
+    k = np.linspace(1e-3, 40.0, n)
+    logp = (a0 - 1) * np.log(k) - b0 * k
+    logp = logp + np.sum(k[:, None] * np.log(k[:, None] / mu) - special.gammaln(k[:, None])
+                         + (k[:, None] - 1) * np.log(y) - k[:, None] * y / mu, axis=1)
+    p = np.exp(logp - logp.max())
+    p /= p.sum()
+    mean = p @ k
+    return mean, np.sqrt(p @ (k - mean) ** 2)
+
+
+def test_a_latent_in_two_parameters_is_one_input_not_two():
+    # Gamma(alpha=k, beta=k / mu): k reached twice was two independent EP inputs, each given
+    # a site by the same factor, so the factor counted twice (posterior sd of k ~ 1/sqrt 2)
+    rng = np.random.default_rng(3)
+    y = rng.gamma(4.0, 2.0 / 4.0, size=40)
+    with pm.Model() as model:
+        k = pm.Gamma("k", 2.0, 0.5)
+        pm.Gamma("y", alpha=k, beta=k / 2.0, observed=y)
+    (f,) = build_factor_graph(model).factors
+    assert len(f.latent_inputs) == 1
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, method="quadrature", draws=10)
+    q = pmkjit.ep_posterior(idata)["k"]
+    mean, sd = gamma_shape_posterior_on_grid(y, 2.0, 2.0, 0.5)
+    assert abs(q.mean()[0] - mean) < 0.1 * sd
+    assert 0.9 < np.sqrt(q.var()[0]) / sd < 1.1
+
+
+def test_the_same_linear_predictor_up_to_a_constant_is_one_input():
+    x = np.array([0.5, -1.0, 2.0])
+    y = np.array([1.0, 0.2, 3.0])
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0)
+        pm.StudentT("y", nu=4, mu=pm.math.exp(w * x + 1.0) - w * x, sigma=0.5, observed=y)
+    (f,) = build_factor_graph(model).factors
+    assert len(f.latent_inputs) == 1
+    w = 0.4
+    slot = f.inputs[f.latent_inputs[0]]
+    value = (slot.A @ np.array([w]) + slot.c)[None, :]
+    logp = f.logp(y[None, :], tuple(value if i in f.latent_inputs else s.values[None, :]
+                                    for i, s in enumerate(f.inputs)))
+    expect = stats.t.logpdf(y, 4, loc=np.exp(w * x + 1.0) - w * x, scale=0.5)
+    np.testing.assert_allclose(logp[0], expect, rtol=1e-8)
 

@@ -265,6 +265,24 @@ class _Builder:
             if isinstance(slot, float):
                 memo[key] = pt.constant(slot)
             else:
+                # The same latent quantity reached twice (kappa in both Beta parameters
+                # mu * kappa and (1 - mu) * kappa; eta in exp(eta) and eta + 1) is one
+                # input: two slots would be two independent EP variables, each given a site
+                # by the same factor, which counts the factor twice.
+                same = next((j for j, t in enumerate(slots) if _same_slot(t, slot)), None)
+                if same is not None:
+                    offset = slot.c - slots[same].c if isinstance(slot, LinearSlot) else None
+                    if offset is None or not np.any(offset):
+                        memo[key] = inputs[same]
+                        continue
+                    if np.all(offset == offset[0]):
+                        memo[key] = inputs[same] + float(offset[0])
+                        continue
+                    d = pt.vector(f"in{len(inputs)}")
+                    inputs.append(d)
+                    slots.append(DataSlot(offset, f"{slot.label} - {slots[same].label}"))
+                    memo[key] = inputs[same] + d
+                    continue
                 v = pt.vector(f"in{len(inputs)}")
                 memo[key] = v
                 inputs.append(v)
@@ -605,6 +623,15 @@ def _left_expanding(op: DimShuffle) -> bool:
         return False
     first = next((i for i, o in enumerate(order) if o != "x"), len(order))
     return all(o == "x" for o in order[:first]) and all(o != "x" for o in order[first:])
+
+
+def _same_slot(a, b) -> bool:
+    """Whether slots ``a`` and ``b`` carry the same latent values, up to a constant offset."""
+    if isinstance(a, ElementSlot) and isinstance(b, ElementSlot):
+        return a.variable == b.variable and np.array_equal(a.index, b.index)
+    if isinstance(a, LinearSlot) and isinstance(b, LinearSlot):
+        return a.A.shape == b.A.shape and np.array_equal(a.A, b.A)
+    return False
 
 
 def _unit_rows(var: LatentVariable, n_theta: int) -> np.ndarray:
