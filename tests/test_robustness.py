@@ -98,3 +98,26 @@ def test_the_same_linear_predictor_up_to_a_constant_is_one_input():
     expect = stats.t.logpdf(y, 4, loc=np.exp(w * x + 1.0) - w * x, scale=0.5)
     np.testing.assert_allclose(logp[0], expect, rtol=1e-8)
 
+
+def test_indexing_a_non_centred_group_effect_is_lifted_into_its_factors():
+    # u = pm.Deterministic("u", z * sd)[group]: advanced indexing of an elementwise product
+    # was refused; it is z[group] * sd, a linear slot times a scalar latent
+    g = np.array([0, 2, 1, 2, 0])
+    x = np.array([0.3, -1.0, 0.5, 2.0, 0.0])
+    with pm.Model(coords={"group": ["a", "b", "c"]}) as model:
+        gd = pm.Data("g", g)
+        b = pm.Normal("b", 0.0, 1.0)
+        sd = pm.HalfNormal("sd", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, dims="group")
+        u = pm.Deterministic("u", z * sd, dims="group")
+        pm.Poisson("y", pm.math.exp(b * x + u[gd]), observed=np.array([1, 0, 2, 5, 1]))
+    graph = build_factor_graph(model)
+    (f,) = [f for f in graph.factors if f.name == "y"]
+    assert sorted(type(s).__name__ for s in f.inputs) == ["ElementSlot", "LinearSlot", "LinearSlot"]
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=graph.n_theta)
+    sd_value = np.full((1, 5), 0.7)
+    ins = tuple((s.A @ theta + s.c)[None, :] if hasattr(s, "A") else sd_value for s in f.inputs)
+    off = {v.name: v.offset for v in graph.gaussian_variables}
+    expect = np.exp(theta[off["b"]] * x + theta[off["z"] + g] * 0.7)
+    np.testing.assert_allclose(f.function(ins, None)[0], expect, rtol=1e-12)

@@ -55,6 +55,7 @@ from pmkjit.graph.pytensor_tools import (
     compile_function,
     evaluate_constant,
     latent_ancestors,
+    lift_indexing,
     parameter_checks_to_ninf,
 )
 from pmkjit.links import half_erfc
@@ -505,8 +506,9 @@ class _Builder:
         if any(o is None for o in others):
             return False
         plate = y.shape
-        leaves = self._decompose(params[pos], plate, rv.name)
-        inputs, slots, (g,) = self._rebuild([params[pos]], leaves)
+        param = lift_indexing(params[pos])
+        leaves = self._decompose(param, plate, rv.name)
+        inputs, slots, (g,) = self._rebuild([param], leaves)
         function = compile_function(inputs, g)
         others_flat = [np.broadcast_to(o, plate).ravel() for o in others]
         natural = natural_fn(y.ravel(), others_flat)
@@ -531,6 +533,7 @@ class _Builder:
         opname = type(op).__name__
         leaves: dict = {}
         seen: set = set()
+        params = [lift_indexing(p) for p in params]
         for p in params:
             self._walk(p, plate, rv.name, leaves, seen)
         B = int(np.prod(plate, dtype=int))

@@ -17,7 +17,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.graph.replace import clone_replace, vectorize_graph
 
 __all__ = ["compile_function", "latent_ancestors", "affine_coefficients", "evaluate_constant",
-           "parameter_checks_to_ninf"]
+           "parameter_checks_to_ninf", "lift_indexing"]
 
 _MODE = "FAST_COMPILE"
 _AFFINE_RTOL = 1e-8
@@ -140,3 +140,58 @@ def parameter_checks_to_ninf(logp: Variable) -> Variable:
     in2out(to_ninf).rewrite(fgraph)
     return fgraph.outputs[0]
 
+
+def lift_indexing(var: Variable) -> Variable:
+    """``var`` with integer-array indexing of elementwise expressions pushed into their inputs.
+
+    ``(z * s)[group]`` becomes ``z[group] * s`` (an input broadcast along the indexed axis,
+    like the scalar ``s``, is left as it is), recursively: the non-centred hierarchical
+    effect ``pm.Deterministic("u", z * sd)[group]`` is then an elementwise function of a
+    linear slot ``z[group]`` and a scalar latent, which the model walk understands. Only a
+    single one-dimensional index on the first axis is lifted (``x[idx]``), which keeps the
+    result's shape. A new graph is returned (the model's graph is not modified); ``var``
+    itself when there is nothing to lift.
+    """
+    from pytensor.compile.ops import ViewOp
+    from pytensor.tensor.elemwise import Elemwise
+    from pytensor.tensor.shape import SpecifyShape
+    from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
+
+    memo: dict[Variable, Variable] = {}
+
+    def indexed(node):
+        if isinstance(node.op, AdvancedSubtensor1):
+            x, idx = node.inputs
+        elif isinstance(node.op, AdvancedSubtensor) and len(node.inputs) == 2:
+            x, idx = node.inputs
+        else:
+            return None
+        if idx.ndim != 1 or not idx.dtype.startswith(("int", "uint")) or x.ndim < 1:
+            return None
+        while x.owner is not None and isinstance(x.owner.op, (ViewOp, SpecifyShape)):  # pm.Deterministic
+            x = x.owner.inputs[0]
+        if x.owner is None or not isinstance(x.owner.op, Elemwise):
+            return None
+        return x, idx
+
+    def lift(v: Variable) -> Variable:
+        if v in memo:
+            return memo[v]
+        node = v.owner
+        out = v
+        if node is not None:
+            found = indexed(node)
+            if found is not None:
+                x, idx = found
+                parts = [inp if inp.type.broadcastable[0] else inp[idx] for inp in x.owner.inputs]
+                out = x.owner.op(*[lift(p) for p in parts])
+                if isinstance(out, (list, tuple)):
+                    out = out[x.owner.outputs.index(x)]
+            else:
+                new = [lift(i) for i in node.inputs]
+                if any(a is not b for a, b in zip(new, node.inputs)):
+                    out = node.clone_with_new_inputs(new, strict=False).outputs[node.outputs.index(v)]
+        memo[v] = out
+        return out
+
+    return lift(var)
