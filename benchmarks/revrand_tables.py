@@ -1,6 +1,6 @@
 """Reproduce the revrand report's three tables offline, plus fit-time scaling against an exact GP.
 
-Run (about 10-15 minutes on a 2-core machine)::
+Run (about 12-20 minutes on a 2-core machine; ``--tables classification`` runs one table)::
 
     pip install -e ".[bench]" && python benchmarks/revrand_tables.py
 
@@ -224,22 +224,29 @@ def scaling_table(quick: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--tables", default="regression,classification,large,scaling",
+                        help="comma-separated subset of regression,classification,large,scaling to run; "
+                             "the results file is written only when all four run (and not --quick)")
     args = parser.parse_args()
+    tables = set(args.tables.split(","))
+    unknown = tables - {"regression", "classification", "large", "scaling"}
+    if unknown:
+        parser.error(f"unknown tables: {sorted(unknown)}")
     # One BLAS thread for every method: on a shared 2-core machine, multithreaded OpenBLAS
     # on small matrices oversubscribes the cores and slows everything 10-20x.
     threadpool_limits(1)
     t0 = time.perf_counter()
-    reg = regression_table(args.quick)
-    cls = classification_table(args.quick)
-    large = large_scale_table(args.quick)
-    scale = scaling_table(args.quick)
+    reg = regression_table(args.quick) if "regression" in tables else []
+    cls = classification_table(args.quick) if "classification" in tables else []
+    large = large_scale_table(args.quick) if "large" in tables else []
+    scale = scaling_table(args.quick) if "scaling" in tables else []
     by = {r["model"]: r for r in reg}
     cby = {r["model"]: r for r in cls}
-    best_baseline = min(r["error_pct"] for r in cls if r["model"] != "GLM")
+    best_baseline = min((r["error_pct"] for r in cls if r["model"] != "GLM"), default=None)
     out = {
-        "slm_r2_gap_to_gp": by["GP"]["r2"] - by["SLM"]["r2"],
-        "slm_speedup_vs_gp": scale[-1]["speedup"],
-        "glm_error_minus_best_baseline": cby["GLM"]["error_pct"] - best_baseline,
+        "slm_r2_gap_to_gp": by["GP"]["r2"] - by["SLM"]["r2"] if reg else None,
+        "slm_speedup_vs_gp": scale[-1]["speedup"] if scale else None,
+        "glm_error_minus_best_baseline": cby["GLM"]["error_pct"] - best_baseline if cls else None,
         "targets": {"slm_r2_gap_to_gp": "<= 0.01", "slm_speedup_vs_gp": ">= 10 at the largest N",
                     "glm_error_minus_best_baseline": "<= 0 (percentage points)"},
         "regression": reg,
@@ -258,7 +265,7 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    if not args.quick:
+    if not args.quick and len(tables) == 4:
         RESULTS.write_text(json.dumps(out, indent=2))
     print(json.dumps({k: out[k] for k in ("slm_r2_gap_to_gp", "slm_speedup_vs_gp", "glm_error_minus_best_baseline",
                                           "total_s")}, indent=2))

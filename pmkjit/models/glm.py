@@ -16,6 +16,20 @@ parameters, the prior variances, the likelihood's parameters and the basis
 hyperparameters. All gradients are analytic and vectorised over components and draws
 (checked against finite differences in the tests).
 
+Rotation (``rotate``). Mean-field in the weights' own coordinates is a poor family when
+the features are strongly correlated (long length scales, a linear basis on correlated
+inputs): the true posterior's precision ``I + Psi^T Lambda Psi`` is far from diagonal,
+and the ELBO then prefers hyperparameters that decorrelate the features (short length
+scales, small prior variances) over those that fit. Because the prior ``N(0, I)`` is
+rotation invariant, the components can instead be diagonal along the right singular
+vectors ``Q`` (D x r, nonzero singular values only) of the scaled training features:
+``q_k(v) = N(Q m_k, Q diag(s_k) Q^T + I - Q Q^T)``, the ``D - r`` directions the training
+data cannot see keeping the prior. For a Gaussian likelihood this family contains the
+exact posterior (tested). ``Q`` is recomputed at the current hyperparameters every 500
+steps and ``q`` carried over (means exactly, covariances by their diagonal). A step costs
+three extra ``(K L) x D x r`` products, so ``"auto"`` rotates when
+``r = min(n_samples, n_basis) <= 4 * batch_size``.
+
 Prediction integrates over ``n_predict_samples`` weight draws from ``q`` made in :meth:`fit`
 (so predictions are deterministic): the predictive mean (eq. 29), moments, quantiles by
 vectorised bisection on the predictive CDF (eqs. 30-31) and the log predictive density.
@@ -42,6 +56,7 @@ from pmkjit.models.likelihoods import Likelihood, get_likelihood
 __all__ = ["GeneralizedLinearModel"]
 
 _MEAN, _VAR = "posterior__mean", "posterior__var"
+_REFRESH = 500  # Adam steps between recomputations of the rotation (hyperparameters move)
 
 
 class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
@@ -70,6 +85,10 @@ class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
     start_iter : int, default 100
     n_predict_samples : int, default 300
         Weight draws from the posterior kept for prediction.
+    rotate : bool or "auto", default "auto"
+        Make the mixture components diagonal along the singular vectors of the training
+        features rather than along the weights (see the module docstring); ``"auto"`` does
+        so when ``min(n_samples, n_basis) <= 4 * batch_size``.
     random_state : None, int, SeedSequence or Generator, default None
         Seeds every draw (basis frequencies unless the basis has its own seed, starts,
         minibatches, reparameterisation noise, predictive samples).
@@ -82,7 +101,9 @@ class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
         ``"<component>__prior_var"``, likelihood parameters as ``"likelihood__<name>"``,
         basis hyperparameters, in natural units.
     posterior_mean_, posterior_var_ : ndarray of shape (n_mixtures, n_basis)
-        Mixture components' means and variances of the standardised weights ``v``.
+        Mixture components' means and marginal variances of the standardised weights ``v``.
+    rotation_ : ndarray of shape (n_basis, r) or None
+        The rotation ``Q`` the components are diagonal along (None when not rotated).
     elbo_ : ndarray of shape (max_iter,)
         Objective estimate per step (per sample), for convergence checks.
     n_iter_ : int
@@ -104,6 +125,7 @@ class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
         n_starts: int = 5,
         start_iter: int = 100,
         n_predict_samples: int = 300,
+        rotate="auto",
         random_state: RandomState = None,
     ) -> None:
         self.likelihood = likelihood
@@ -117,6 +139,7 @@ class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
         self.n_starts = n_starts
         self.start_iter = start_iter
         self.n_predict_samples = n_predict_samples
+        self.rotate = rotate
         self.random_state = random_state
 
     # ------------------------------------------------------------------ fitting
@@ -147,36 +170,39 @@ class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
             **basis.hyperparameter_specs(),
         }
         K, D = int(self.n_mixtures), basis.n_outputs_
-        specs = {
-            **hyper_specs,
-            _MEAN: Hyperparameter(np.zeros((K, D)), (None, None), log=False),
-            _VAR: Hyperparameter(np.ones((K, D)), (1e-10, 1e4)),
-        }
-        layout = ParamVector.from_specs(specs)
         hyper_layout = ParamVector.from_specs(hyper_specs)
         x_hyper = hyper_layout.pack({k: h.value for k, h in hyper_specs.items()})
+        rotate = self.rotate
+        if rotate == "auto":
+            rotate = min(X.shape[0], D) <= 4 * int(self.batch_size)
+        elif not isinstance(rotate, (bool, np.bool_)):
+            raise ValueError(f"rotate must be True, False or 'auto', got {rotate!r}")
+        objective.rotate = bool(rotate)
 
         def start(x_h):
             # means drawn from the prior (distinct components), variances a tenth of it
-            values = {**hyper_layout.unpack(x_h), _MEAN: 0.3 * rng.standard_normal((K, D)), _VAR: np.full((K, D), 0.1)}
-            return layout.pack(values)
+            Q = objective.rotation(hyper_layout.unpack(x_h))
+            r = D if Q is None else Q.shape[1]
+            return x_h, 0.3 * rng.standard_normal((K, r)), np.full((K, r), 0.1), Q
 
         n_starts = max(int(self.n_starts), 1)
         candidates = [start(x_hyper)] + [start(hyper_layout.random_start(x_hyper, rng)) for _ in range(n_starts - 1)]
         if n_starts > 1:
-            runs = [self._adam(objective, layout, x, int(self.start_iter), rng) for x in candidates]
+            runs = [self._run(objective, hyper_layout, c, int(self.start_iter), rng, fresh=True) for c in candidates]
             tail = max(int(self.start_iter) // 5, 1)
             best = runs[int(np.nanargmax([np.mean(t[-tail:]) for _, t in runs]))][0]
         else:
             best = candidates[0]
-        x, trace = self._adam(objective, layout, best, int(self.max_iter), rng)
+        (x_h, m, s, Q), trace = self._run(objective, hyper_layout, best, int(self.max_iter), rng,
+                                          fresh=n_starts == 1)
 
-        values = layout.unpack(x)
+        values = {**hyper_layout.unpack(x_h), _MEAN: m, _VAR: s}
         self.basis_ = basis
         self.likelihood_ = lik
         self.elbo_ = trace
         self.n_iter_ = int(self.max_iter)
-        self.posterior_mean_, self.posterior_var_ = values[_MEAN], values[_VAR]
+        self.rotation_ = Q
+        self.posterior_mean_, self.posterior_var_ = _to_weight_space(m, s, Q)
         basis_hyper = {k: v for k, v in values.items() if k in basis.hyperparameter_specs()}
         basis.set_hyperparameters(basis_hyper)
         self._lik_params = {k.split("__", 1)[1]: v for k, v in values.items() if k.startswith("likelihood__")}
@@ -187,8 +213,35 @@ class GeneralizedLinearModel(RegressorMixin, BaseEstimator):
         # predictive weight draws, made once so that predictions are deterministic
         S = max(int(self.n_predict_samples), 1)
         comp = rng.integers(0, K, S)
-        self._weights = self.posterior_mean_[comp] + np.sqrt(self.posterior_var_[comp]) * rng.standard_normal((S, D))
+        self._weights = _draw_weights(m[comp], np.sqrt(s[comp]), Q, rng.standard_normal((S, D)))
         return self
+
+    def _run(self, objective, hyper_layout, state, n_iter, rng, fresh=False):
+        """Adam from ``state = (x_hyper, m, s, Q)``; with rotation, ``Q`` is recomputed at the
+        current hyperparameters every ``_REFRESH`` steps (and first, unless ``fresh``: ``Q``
+        was just computed there) and ``q`` is carried over to it."""
+        x_h, m, s, Q = state
+        traces, done = [], 0
+        while done < n_iter:
+            if objective.rotate and (done or not fresh):
+                Q_new = objective.rotation(hyper_layout.unpack(x_h))
+                m, s, Q = *_change_rotation(m, s, Q, Q_new), Q_new
+            steps = min(n_iter - done, _REFRESH if objective.rotate else n_iter)
+            objective.Q = Q
+            K, r = m.shape
+            layout = ParamVector.from_specs({
+                **{n: Hyperparameter(np.zeros(shape), b, lg) for n, shape, lg, b in
+                   zip(hyper_layout.names, hyper_layout.shapes, hyper_layout.logs, hyper_layout.bounds)},
+                _MEAN: Hyperparameter(np.zeros((K, r)), (None, None), log=False),
+                _VAR: Hyperparameter(np.ones((K, r)), (1e-10, 1e4)),
+            })
+            x = layout.pack({**hyper_layout.unpack(x_h), _MEAN: m, _VAR: s})
+            x, trace = self._adam(objective, layout, x, steps, rng)
+            values = layout.unpack(x)
+            x_h, m, s = hyper_layout.pack(values), values[_MEAN], values[_VAR]
+            traces.append(trace)
+            done += steps
+        return (x_h, m, s, Q), np.concatenate(traces) if traces else np.zeros(0)
 
     def _adam(self, objective, layout, x, n_iter, rng, beta1=0.9, beta2=0.999, eps=1e-8):
         """``n_iter`` Adam ascent steps from ``x``; returns the end point and the objective trace."""
@@ -286,19 +339,39 @@ class _Elbo:
         self.basis, self.lik, self.X, self.y, self.K, self.L = basis, lik, X, y, K, L
         self.names, self.owner = column_blocks(basis)
         self.basis_names = set(basis.hyperparameter_specs())
+        self.rotate = False
+        self.Q = None  # (D, r) orthonormal columns: q is mean-field in v's coordinates along them
+
+    def rotation(self, values: dict) -> np.ndarray | None:
+        """Right singular vectors of the scaled training features ``Psi`` at ``values`` (the
+        numerically nonzero singular values only), or None when not rotating."""
+        if not self.rotate:
+            return None
+        hyper = {k: v for k, v in values.items() if k in self.basis_names}
+        Psi = self.basis._features_all(self.X, hyper) * self.scale(values)
+        _, sv, Vt = np.linalg.svd(Psi, full_matrices=False)
+        keep = sv > sv[0] * max(Psi.shape) * np.finfo(float).eps if sv.size and sv[0] > 0 else np.zeros(0, bool)
+        return np.ascontiguousarray(Vt[keep].T)
 
     def scale(self, values: dict) -> np.ndarray:
         return np.sqrt(np.array([float(values[f"{n}__prior_var"]) for n in self.names]))[self.owner]
 
     def __call__(self, x, layout: ParamVector, batch, rng, eps=None) -> tuple[float, np.ndarray]:
         values = layout.unpack(x)
-        value, grads = self.evaluate(values, batch, rng.standard_normal((self.K, self.L, values[_MEAN].shape[1]))
-                                     if eps is None else eps)
+        D = self.basis.n_outputs_
+        value, grads = self.evaluate(values, batch, rng.standard_normal((self.K, self.L, D)) if eps is None else eps)
         return value, layout.flat_gradient(grads, values)
 
     def evaluate(self, values: dict, batch: np.ndarray, eps: np.ndarray) -> tuple[float, dict]:
-        """Objective (whole-data scale) and natural-unit gradients, for fixed draws ``eps``."""
+        """Objective (whole-data scale) and natural-unit gradients, for fixed draws ``eps``.
+
+        ``eps`` has shape (K, L, D) (standard normal in weight space). With a rotation ``Q``
+        (D, r), the means and variances live in the coordinates ``u = Q^T v`` and the
+        remaining ``D - r`` directions keep the prior: ``v = z + Q (m + (sd - 1) Q^T z)``
+        is a draw from ``N(Q m, Q diag(s) Q^T + I - Q Q^T)`` for ``z ~ N(0, I)``.
+        """
         K, L = self.K, self.L
+        Q = self.Q
         N, M = self.X.shape[0], batch.size
         m, s = values[_MEAN], values[_VAR]
         hyper = {k: v for k, v in values.items() if k in self.basis_names}
@@ -308,14 +381,21 @@ class _Elbo:
         Phi = self.basis._features_all(Xb, hyper)
         Psi = Phi * scale
         sd = np.sqrt(s)
-        W = (m[:, None, :] + sd[:, None, :] * eps).reshape(K * L, -1)  # (KL, D)
+        if Q is None:
+            z = eps
+            W = (m[:, None, :] + sd[:, None, :] * eps).reshape(K * L, -1)  # (KL, D)
+        else:
+            z = eps @ Q  # (K, L, r): the draws' coordinates along Q, standard normal
+            W = (eps + (m[:, None, :] + (sd[:, None, :] - 1.0) * z) @ Q.T).reshape(K * L, -1)
         F = Psi @ W.T  # (M, KL)
         boost = N / (M * K * L)  # eq. (6): minibatch sum -> whole-data sum, averaged over draws
         value = boost * np.sum(self.lik.logpdf(yb, F, lik_params))
         gF = boost * self.lik.dlogpdf_df(yb, F, lik_params)
         dW = (gF.T @ Psi).reshape(K, L, -1)
+        if Q is not None:
+            dW = dW @ Q  # (K, L, r)
         g_m = dW.sum(1)
-        g_s = np.einsum("kld,kld->kd", dW, eps) / (2 * sd)
+        g_s = np.einsum("kld,kld->kd", dW, z) / (2 * sd)
         grads = {f"likelihood__{k}": boost * v for k, v in self.lik.dlogpdf_dparams(yb, F, lik_params).items()}
         dPsi = gF @ W
         per_col = np.einsum("nj,nj->j", Phi, dPsi)  # d/d scale_j
@@ -325,9 +405,11 @@ class _Elbo:
         if hyper:
             grads.update(self.basis._vjp_all(Xb, hyper, Phi, dPsi * scale))
 
-        # expected log prior under each component, N(0, I): closed form
-        D = m.shape[1]
-        value += np.mean(-0.5 * np.sum(m**2 + s, axis=1) - 0.5 * D * np.log(2 * np.pi))
+        # expected log prior under each component, N(0, I): closed form (the D - r
+        # directions outside the rotation have q = prior: mean 0, variance 1)
+        D = self.basis.n_outputs_
+        rest = D - m.shape[1]
+        value += np.mean(-0.5 * np.sum(m**2 + s, axis=1) - 0.5 * D * np.log(2 * np.pi)) - 0.5 * rest
         g_m -= m / K
         g_s -= 0.5 / K
 
@@ -335,7 +417,8 @@ class _Elbo:
         S = s[:, None, :] + s[None, :, :]  # (K, K, D)
         diff = m[:, None, :] - m[None, :, :]
         a = -0.5 * np.sum(diff**2 / S + np.log(2 * np.pi * S), axis=2)  # (K, K)
-        value += -np.mean(special.logsumexp(a, axis=1)) + np.log(K)
+        # (outside the rotation every pair contributes N(0 | 0, 2 I): a constant)
+        value += -np.mean(special.logsumexp(a, axis=1)) + np.log(K) + 0.5 * rest * np.log(4 * np.pi)
         C = -special.softmax(a, axis=1) / K  # d value / d a_kj
         u = diff / S
         # a_kj depends on (m_k, s_k) and (m_j, s_j); collect both ends of every pair
@@ -344,3 +427,24 @@ class _Elbo:
         g_s += np.einsum("kj,kjd->kd", C, da_ds) + np.einsum("kj,kjd->jd", C, da_ds)
         grads[_MEAN], grads[_VAR] = g_m, g_s
         return float(value), grads
+
+
+def _draw_weights(m: np.ndarray, sd: np.ndarray, Q: np.ndarray | None, z: np.ndarray) -> np.ndarray:
+    """Weight draws ``v`` from components ``(m, sd)`` (rows) given standard normal ``z`` (rows, D)."""
+    if Q is None:
+        return m + sd * z
+    return z + (m + (sd - 1.0) * (z @ Q)) @ Q.T
+
+
+def _to_weight_space(m: np.ndarray, s: np.ndarray, Q: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each component's mean and marginal variances in the coordinates of ``v``."""
+    if Q is None:
+        return m, s
+    return m @ Q.T, 1.0 + (s - 1.0) @ (Q.T**2)
+
+
+def _change_rotation(m, s, Q_old, Q_new) -> tuple[np.ndarray, np.ndarray]:
+    """Components ``N(Q_old m, Q_old diag(s) Q_old^T + I - Q_old Q_old^T)`` re-expressed in
+    ``Q_new``'s coordinates: the mean exactly, the covariance by its diagonal there."""
+    R = Q_new.T @ Q_old  # (r_new, r_old)
+    return m @ R.T, 1.0 + (s - 1.0) @ (R.T**2)
