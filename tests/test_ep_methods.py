@@ -51,6 +51,17 @@ def test_target_form_is_checked():
         KJITOperator((Gaussian, Beta), target_form="natural")
 
 
+def test_feature_map_follows_the_factor_size():
+    from pmkjit.operators.kjit import default_feature_sizes
+
+    for size in (600, 40_000):
+        factor = SimpleNamespace(families=(Gaussian, PointMass), targets=(0,), size=size)
+        op = KJITMethod(factor, ConjugateOracle(), None, rng=np.random.default_rng(0)).operator
+        sizes = default_feature_sizes((Gaussian, PointMass), size)
+        assert (op.features.n_inner, op.features.n_outer) == sizes
+    assert sizes == (150, 300)  # 40,000 instances: 1000 * sqrt(1000 / 40000) = 158 -> floor 300 for p = 3
+
+
 def test_site_targets_keep_narrow_cavities_accurate_and_stale_operator_is_refitted():
     """First minibatch from wide cavities, then narrow ones (EP on a large data set).
 
@@ -59,7 +70,7 @@ def test_site_targets_keep_narrow_cavities_accurate_and_stale_operator_is_refitt
     cavities, with no further oracle calls for inputs like those it has learned.
     """
     rng = np.random.default_rng(1)
-    factor = SimpleNamespace(families=(Gaussian, PointMass), targets=(0,))
+    factor = SimpleNamespace(families=(Gaussian, PointMass), targets=(0,), size=600)
     oracle = ConjugateOracle()
     method = KJITMethod(factor, oracle, None, rng=np.random.default_rng(2), memory=1500)
     assert method.operator.target_form == "site"

@@ -58,21 +58,23 @@ def test_first_call_fits_and_predictions_are_accurate(fitted):
     assert np.median(np.log(truth.kl(test[0]))) > np.median(log_kl) + 3
 
 
-def test_default_feature_map_is_sized_by_the_message_parameters():
+def test_default_feature_map_shrinks_only_for_factors_with_many_instances():
     from pmkjit.families import PointMass
     from pmkjit.operators.kjit import default_feature_sizes
 
-    assert default_feature_sizes((Gaussian, Beta)) == (200, 400)  # p = 4
-    assert default_feature_sizes((Gaussian, PointMass)) == (150, 300)  # a point mass has one parameter
-    assert default_feature_sizes((Gaussian,) * 8) == (500, 1000)  # capped
+    full = (500, 1000)
+    assert default_feature_sizes((Gaussian, Beta)) == full  # stand-alone operator
+    assert default_feature_sizes((Gaussian, Beta), 1000) == full
+    # above 1,000 instances: n_outer ~ 1/sqrt(n), so n * n_outer^2 stays at the full map's cost
+    inner, outer = default_feature_sizes((Gaussian, Beta), 4000)
+    assert (inner, outer) == (250, 500)
+    # ... floored at 100 outer features per message parameter (a point mass has one)
+    assert default_feature_sizes((Gaussian, Beta), 10**6) == (200, 400)
+    assert default_feature_sizes((Gaussian, PointMass), 10**6) == (150, 300)
     rng = np.random.default_rng(3)
     op = KJITOperator((Gaussian, Beta), targets=(0,), search={}, random_state=0)
-    train = incoming(rng, 200)
-    op(train, CountingOracle())
-    assert (op.features_.n_inner, op.features_.n_outer) == (200, 400)
-    test = incoming(rng, 200)
-    (pred,), _ = op.predict(test)
-    assert np.median(np.log(CountingOracle().inner(test).beliefs[0].kl(pred))) < -5
+    op(incoming(rng, 200), CountingOracle())
+    assert (op.features_.n_inner, op.features_.n_outer) == full
 
 
 def test_uncertainty_grows_away_from_training_messages(fitted):

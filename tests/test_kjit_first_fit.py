@@ -27,7 +27,7 @@ def inputs(rng, n):
     return Gaussian(rng.normal(0.0, 2.0, n), np.exp(rng.uniform(-1.0, 1.0, n))), PointMass(rng.normal(0.0, 2.0, n))
 
 
-FACTOR = SimpleNamespace(families=(Gaussian, PointMass), targets=(0,))
+FACTOR = SimpleNamespace(families=(Gaussian, PointMass), targets=(0,), size=1)
 
 
 def test_repeated_inputs_are_asked_once_and_do_not_count_towards_the_first_fit():

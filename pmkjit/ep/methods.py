@@ -17,7 +17,9 @@ import numpy as np
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.families import ExponentialFamily, PointMass
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
+from pmkjit.features import GaussianJointEmbeddingFeatures
 from pmkjit.operators import ImportanceSamplingOracle, KJITOperator, QuadratureOracle
+from pmkjit.operators.kjit import default_feature_sizes
 
 __all__ = ["FactorOracle", "KJITMethod", "Answer", "quadrature_possible"]
 
@@ -208,6 +210,7 @@ class KJITMethod:
             # EP needs the outgoing message accurate, not the belief: "site" targets keep
             # it so when cavities are narrow (large data sets)
             factor.families, targets=factor.targets, target_form="site", memory=memory,
+            features=GaussianJointEmbeddingFeatures(*default_feature_sizes(factor.families, factor.size)),
             random_state=int(rng.integers(2**63 - 1))
         )
         self.operator.tolerance = float(tolerance)
