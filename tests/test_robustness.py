@@ -121,3 +121,26 @@ def test_indexing_a_non_centred_group_effect_is_lifted_into_its_factors():
     off = {v.name: v.offset for v in graph.gaussian_variables}
     expect = np.exp(theta[off["b"]] * x + theta[off["z"] + g] * 0.7)
     np.testing.assert_allclose(f.function(ins, None)[0], expect, rtol=1e-12)
+
+
+def test_lognormal_likelihood_is_a_normal_on_the_log_scale():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=30)
+    y = np.exp(0.3 + 0.8 * x + 0.4 * rng.normal(size=30))
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 2.0)
+        pm.LogNormal("y", mu=b * x, sigma=0.4, observed=y)
+    graph = build_factor_graph(model)
+    assert not graph.factors  # exact: no black-box factor
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)
+    prec = 1 / 4 + np.sum(x**2) / 0.16
+    q = pmkjit.ep_posterior(idata)["b"]
+    np.testing.assert_allclose(q.mean(), np.sum(x * np.log(y)) / 0.16 / prec, rtol=1e-8)
+    np.testing.assert_allclose(q.var(), 1 / prec, rtol=1e-8)
+    with pm.Model() as latent_scale:
+        b = pm.Normal("b", 0.0, 2.0)
+        s = pm.HalfNormal("s", 1.0)
+        pm.LogNormal("y", mu=b * x, sigma=s, observed=y)
+    (f,) = [f for f in build_factor_graph(latent_scale).factors if f.name == "y"]
+    assert f.analytic == "normal-scale"
+    np.testing.assert_allclose(f.observed, np.log(y))

@@ -363,6 +363,14 @@ class _Builder:
             return
         if opname == "NormalRV" and self._try_normal_scale(rv, params, prior=False, y=y):
             return
+        if opname == "LogNormalRV" and np.all(y > 0):
+            # log y ~ Normal(mu, sigma): the density differs by the constant Jacobian 1/y only, so
+            # the exact and semi-analytic Normal factors apply to the logged observations
+            log_y = np.log(y)
+            if self._try_gaussian_term(rv, params, prior=False, y=log_y):
+                return
+            if self._try_normal_scale(rv, params, prior=False, y=log_y):
+                return
         if opname in _SPLIT and self._try_split(rv, opname, params, y):
             return
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
