@@ -144,3 +144,27 @@ def test_lognormal_likelihood_is_a_normal_on_the_log_scale():
     (f,) = [f for f in build_factor_graph(latent_scale).factors if f.name == "y"]
     assert f.analytic == "normal-scale"
     np.testing.assert_allclose(f.observed, np.log(y))
+
+
+@pytest.mark.parametrize(
+    "make, scipy_dist",
+    [
+        (lambda: pm.HalfCauchy("s", 1.5), stats.halfcauchy(scale=1.5)),
+        (lambda: pm.HalfStudentT("s", nu=3, sigma=1.5), stats.t(3, scale=1.5)),
+        (lambda: pm.Weibull("s", alpha=2.0, beta=1.5), stats.weibull_min(2.0, scale=1.5)),
+    ],
+)
+def test_pymc_symbolic_scale_priors_are_black_box_priors(make, scipy_dist):
+    # HalfCauchy, HalfStudentT, Weibull are SymbolicRandomVariables in PyMC 5: they were
+    # refused as "cannot be rebuilt for batched evaluation"
+    with pm.Model() as model:
+        s = make()
+        mu = pm.Normal("mu", 0.0, s)
+        pm.Normal("y", mu, 1.0, observed=np.array([0.3, -1.2, 2.0]))
+    (f,) = [f for f in build_factor_graph(model).factors if f.name == "s"]
+    x = np.array([[0.2, 0.9, 3.0]])
+    folded = 2.0 if isinstance(scipy_dist.dist, type(stats.t)) else 1.0
+    np.testing.assert_allclose(f.logp(x, (np.zeros((1, 3)),)), scipy_dist.logpdf(x) + np.log(folded), atol=1e-6)
+    draws = f.sampler((np.zeros((20000, 1)),), np.random.default_rng(0))
+    assert stats.kstest(draws.ravel(), lambda v: folded * scipy_dist.cdf(v) - (folded - 1.0)).pvalue > 1e-3
+

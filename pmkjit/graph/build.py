@@ -26,6 +26,7 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.distributions.custom import CustomSymbolicDistRV
+from pymc.distributions.distribution import SymbolicRandomVariable
 from pymc.distributions.shape_utils import _change_dist_size
 from pymc.distributions.simulator import SimulatorRV
 from pymc.pytensorf import find_rng_nodes, reseed_rngs
@@ -678,6 +679,17 @@ def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
         if "dist" not in closure:
             raise UnsupportedModelError(f"{rv.name}: cannot rebuild this CustomDist for batched evaluation")
         return pm.CustomDist.dist(*flat_params, dist=closure["dist"], class_name=type(op).__name__)
+    if isinstance(op, SymbolicRandomVariable) and not isinstance(op, SimulatorRV) and hasattr(op, "rv_op"):
+        # PyMC's own symbolic distributions (HalfCauchy, HalfStudentT, Weibull, ...): rebuilt by
+        # their constructor from the flat parameters, when they are elementwise
+        if op.ndim_supp != 0 or any(n != 0 for n in (op.ndims_params or [1])):
+            raise UnsupportedModelError(f"{rv.name}: {type(op).__name__} is not an elementwise distribution")
+        try:
+            return type(op).rv_op(*flat_params, size=None)
+        except TypeError as err:
+            raise UnsupportedModelError(
+                f"{rv.name}: distribution {type(op).__name__} cannot be rebuilt for batched evaluation ({err})"
+            ) from None
     if isinstance(op, RandomVariable):
         if op.ndim_supp != 0 or any(n != 0 for n in op.ndims_params):
             raise UnsupportedModelError(f"{rv.name}: {type(op).__name__} is not an elementwise distribution")
