@@ -9,6 +9,7 @@ from scipy import stats
 
 import pmkjit
 from pmkjit.ep import engine
+from pmkjit.errors import UnsupportedModelError
 from pmkjit.families import Beta
 from pmkjit.graph import build_factor_graph
 
@@ -168,3 +169,15 @@ def test_pymc_symbolic_scale_priors_are_black_box_priors(make, scipy_dist):
     draws = f.sampler((np.zeros((20000, 1)),), np.random.default_rng(0))
     assert stats.kstest(draws.ravel(), lambda v: folded * scipy_dist.cdf(v) - (folded - 1.0)).pvalue > 1e-3
 
+
+def test_distributions_of_distributions_are_refused_clearly():
+    y = np.array([0.1, 1.2, -0.3])
+    with pm.Model() as censored:
+        mu = pm.Normal("mu", 0.0, 2.0)
+        pm.Censored("y", pm.Normal.dist(mu, 1.0), lower=-0.5, upper=2.0, observed=y)
+    with pm.Model() as mixture:
+        mu = pm.Normal("mu", 0.0, 2.0, shape=2)
+        pm.NormalMixture("y", w=[0.3, 0.7], mu=mu, sigma=1.0, observed=y)
+    for model in (censored, mixture):
+        with pytest.raises(UnsupportedModelError, match="y: .* takes another distribution as a parameter"):
+            build_factor_graph(model)

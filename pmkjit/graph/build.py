@@ -542,6 +542,7 @@ class _Builder:
         opname = type(op).__name__
         leaves: dict = {}
         seen: set = set()
+        _check_elementwise_distribution(rv)
         params = [lift_indexing(p) for p in params]
         for p in params:
             self._walk(p, plate, rv.name, leaves, seen)
@@ -667,6 +668,24 @@ def _conjugate_prior(opname: str, family: type, consts: list) -> np.ndarray | No
     if family is Beta and opname == "UniformRV":
         return np.zeros(2)
     return None
+
+
+def _check_elementwise_distribution(rv: Variable) -> None:
+    """Refuse, before its parameters are walked, a distribution that is not elementwise."""
+    op = rv.owner.op
+    if isinstance(op, (CustomSymbolicDistRV, SimulatorRV)):
+        return
+    name = type(op).__name__
+    dists = (RandomVariable, SymbolicRandomVariable)
+    if any(p.owner is not None and isinstance(p.owner.op, dists) for p in op.dist_params(rv.owner)):
+        raise UnsupportedModelError(
+            f"{rv.name}: {name} takes another distribution as a parameter (pm.Censored, pm.Mixture, ...); "
+            "pmkjit needs an elementwise distribution whose parameters are expressions of the latents"
+        )
+    if getattr(op, "ndim_supp", 0) != 0 or any(n != 0 for n in (getattr(op, "ndims_params", None) or [])):
+        raise UnsupportedModelError(
+            f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions)"
+        )
 
 
 def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
