@@ -16,8 +16,8 @@ import numpy as np
 
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.families import ExponentialFamily, PointMass
-from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
 from pmkjit.features import GaussianJointEmbeddingFeatures
+from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
 from pmkjit.operators import ImportanceSamplingOracle, KJITOperator, QuadratureOracle
 from pmkjit.operators.kjit import default_feature_sizes
 
