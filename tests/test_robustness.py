@@ -100,6 +100,31 @@ def test_the_same_linear_predictor_up_to_a_constant_is_one_input():
     np.testing.assert_allclose(logp[0], expect, rtol=1e-8)
 
 
+def test_a_scaled_copy_of_a_linear_predictor_is_one_input():
+    # mu = exp(eta) and sigma = exp(0.5 * eta + 0.1) share eta: one EP input, not two
+    x = np.array([0.5, -1.0, 2.0, 0.3])
+    y = np.array([1.0, 0.2, 3.0, 1.5])
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0)
+        eta = w * x
+        pm.StudentT("y", nu=4, mu=pm.math.exp(eta), sigma=pm.math.exp(0.5 * eta + 0.1), observed=y)
+    (f,) = build_factor_graph(model).factors
+    assert len(f.latent_inputs) == 1
+    w = -0.7
+    slot = f.inputs[f.latent_inputs[0]]
+    value = (slot.A @ np.array([w]) + slot.c)[None, :]
+    logp = f.logp(y[None, :], tuple(value if i in f.latent_inputs else s.values[None, :]
+                                    for i, s in enumerate(f.inputs)))
+    expect = stats.t.logpdf(y, 4, loc=np.exp(w * x), scale=np.exp(0.5 * w * x + 0.1))
+    np.testing.assert_allclose(logp[0], expect, rtol=1e-8)
+    # different predictors stay two inputs
+    with pm.Model() as model2:
+        w = pm.Normal("w", 0.0, 1.0, shape=2)
+        pm.StudentT("y", nu=4, mu=pm.math.exp(w[0] * x), sigma=pm.math.exp(0.5 * w[1] * x), observed=y)
+    (f2,) = build_factor_graph(model2).factors
+    assert len(f2.latent_inputs) == 2
+
+
 def test_indexing_a_non_centred_group_effect_is_lifted_into_its_factors():
     # u = pm.Deterministic("u", z * sd)[group]: advanced indexing of an elementwise product
     # was refused; it is z[group] * sd, a linear slot times a scalar latent

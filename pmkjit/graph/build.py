@@ -268,22 +268,24 @@ class _Builder:
                 memo[key] = pt.constant(slot)
             else:
                 # The same latent quantity reached twice (kappa in both Beta parameters
-                # mu * kappa and (1 - mu) * kappa; eta in exp(eta) and eta + 1) is one
+                # mu * kappa and (1 - mu) * kappa; eta in exp(eta) and 0.5 * eta + 1) is one
                 # input: two slots would be two independent EP variables, each given a site
                 # by the same factor, which counts the factor twice.
-                same = next((j for j, t in enumerate(slots) if _same_slot(t, slot)), None)
-                if same is not None:
-                    offset = slot.c - slots[same].c if isinstance(slot, LinearSlot) else None
+                match = next(((j, sc) for j, t in enumerate(slots) if (sc := _slot_scale(t, slot)) is not None), None)
+                if match is not None:
+                    same, scale = match
+                    base = inputs[same] if scale == 1.0 else float(scale) * inputs[same]
+                    offset = slot.c - scale * slots[same].c if isinstance(slot, LinearSlot) else None
                     if offset is None or not np.any(offset):
-                        memo[key] = inputs[same]
+                        memo[key] = base
                         continue
                     if np.all(offset == offset[0]):
-                        memo[key] = inputs[same] + float(offset[0])
+                        memo[key] = base + float(offset[0])
                         continue
                     d = pt.vector(f"in{len(inputs)}")
                     inputs.append(d)
-                    slots.append(DataSlot(offset, f"{slot.label} - {slots[same].label}"))
-                    memo[key] = inputs[same] + d
+                    slots.append(DataSlot(offset, f"{slot.label} - {scale:g} x {slots[same].label}"))
+                    memo[key] = base + d
                     continue
                 v = pt.vector(f"in{len(inputs)}")
                 memo[key] = v
@@ -638,13 +640,24 @@ def _left_expanding(op: DimShuffle) -> bool:
     return all(o == "x" for o in order[:first]) and all(o != "x" for o in order[first:])
 
 
-def _same_slot(a, b) -> bool:
-    """Whether slots ``a`` and ``b`` carry the same latent values, up to a constant offset."""
+def _slot_scale(a, b) -> float | None:
+    """``s`` when slot ``b`` carries ``s`` times slot ``a``'s latent values plus constants, else None.
+
+    Element slots match only themselves (``s = 1``); linear slots ``A_b = s A_a`` for one
+    nonzero scalar ``s`` (to rounding: ``0.5 * eta`` and ``eta`` of the same predictor).
+    """
     if isinstance(a, ElementSlot) and isinstance(b, ElementSlot):
-        return a.variable == b.variable and np.array_equal(a.index, b.index)
-    if isinstance(a, LinearSlot) and isinstance(b, LinearSlot):
-        return a.A.shape == b.A.shape and np.array_equal(a.A, b.A)
-    return False
+        return 1.0 if a.variable == b.variable and np.array_equal(a.index, b.index) else None
+    if not (isinstance(a, LinearSlot) and isinstance(b, LinearSlot)) or a.A.shape != b.A.shape:
+        return None
+    if np.array_equal(a.A, b.A):
+        return 1.0
+    pivot = np.unravel_index(np.argmax(np.abs(a.A)), a.A.shape)
+    if a.A[pivot] == 0.0 or b.A[pivot] == 0.0:
+        return None
+    scale = float(b.A[pivot] / a.A[pivot])
+    tol = 1e-12 * np.max(np.abs(b.A))
+    return scale if np.allclose(b.A, scale * a.A, rtol=0.0, atol=tol) else None
 
 
 def _unit_rows(var: LatentVariable, n_theta: int) -> np.ndarray:
