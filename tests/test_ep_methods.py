@@ -8,6 +8,7 @@ import pytest
 from pmkjit.ep.methods import Answer, KJITMethod
 from pmkjit.families import Beta, Gaussian, PointMass
 from pmkjit.operators import KJITOperator
+from pmkjit.operators.kjit import pack_answers
 
 
 class ConjugateOracle:
@@ -93,7 +94,7 @@ def test_reservoir_keeps_a_uniform_sample_and_survives_save_load(tmp_path):
     op.fit(*_pairs(rng, 50))
     for k in range(20):
         values = np.arange(100 * k, 100 * (k + 1), dtype=float)
-        op._remember(op._pack((Gaussian(values, 1.0), PointMass(values)), (Gaussian(values, 1.0),)))
+        op._remember(pack_answers((Gaussian(values, 1.0), PointMass(values)), (Gaussian(values, 1.0),)))
     kept = op._unpack(op.memory_)[0][1].value
     assert kept.size == 200 and np.unique(kept).size == 200
     # a uniform sample of the 50 + 2000 answers offered: each tenth of 0..1999 holds ~19.5 (sd ~4)
@@ -105,7 +106,7 @@ def test_reservoir_keeps_a_uniform_sample_and_survives_save_load(tmp_path):
     np.testing.assert_array_equal(messages[0].mean()[synthetic], beliefs[0].mean()[synthetic])  # pairs aligned
     loaded = KJITOperator.load(op.save(tmp_path / "op.npz"))
     np.testing.assert_array_equal(loaded.memory_, op.memory_)
-    more = op._pack((Gaussian(np.arange(50.0), 1.0), PointMass(np.arange(50.0))), (Gaussian(np.arange(50.0), 1.0),))
+    more = pack_answers((Gaussian(np.arange(50.0), 1.0), PointMass(np.arange(50.0))), (Gaussian(np.arange(50.0), 1.0),))
     op._remember(more)
     loaded._remember(more)  # the reloaded reservoir continues the same stream
     np.testing.assert_array_equal(loaded.memory_, op.memory_)

@@ -229,6 +229,10 @@ class KJITMethod:
         """The oracle's answers kept for a first fit that has not happened yet (or None)."""
         if self.fitted or not self._seen:
             return None
+        return self._collected()
+
+    def _collected(self) -> tuple[tuple, tuple]:
+        """The answers in ``_seen`` as one batch per variable: (messages, beliefs)."""
         msgs = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(m for m, _ in self._seen)))
         bels = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(b for _, b in self._seen)))
         return msgs, bels
@@ -284,8 +288,7 @@ class KJITMethod:
         first = tuple(m[sub] for m in messages)
         answer = self._ask_distinct(first)
         if sum(len(msgs[0]) for msgs, _ in self._seen) >= self.min_fit:
-            msgs = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(m for m, _ in self._seen)))
-            bels = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(b for _, b in self._seen)))
+            msgs, bels = self._collected()
             if len(msgs[0]) > self.first_batch:
                 keep = np.sort(self.rng.choice(len(msgs[0]), self.first_batch, replace=False))
                 msgs, bels = tuple(m[keep] for m in msgs), tuple(b[keep] for b in bels)

@@ -286,7 +286,7 @@ class KJITOperator:
         self.__dict__.pop("thresholds_", None)  # a fresh fit starts its calibration afresh
         self.memory_ = np.empty((0, self._packed_width))
         self._n_offered = 0
-        self._remember(self._pack(messages, beliefs))
+        self._remember(pack_answers(messages, beliefs))
         with single_threaded_blas():
             self._fit_core(messages, Y, rng)
         return self
@@ -329,9 +329,6 @@ class KJITOperator:
     @property
     def _packed_width(self) -> int:
         return 2 * (len(self.families) + len(self.targets))
-
-    def _pack(self, messages: Sequence[ExponentialFamily], beliefs: Sequence[ExponentialFamily]) -> np.ndarray:
-        return pack_answers(messages, beliefs)
 
     def _unpack(self, packed: np.ndarray) -> tuple[tuple, tuple]:
         return unpack_answers(packed, self.families, [self.families[t] for t in self.targets])
@@ -478,7 +475,7 @@ class KJITOperator:
         with single_threaded_blas():
             self.regression_.partial_fit(Phi, Y[ok])
         self._n_since_fit += ok.size
-        self._remember(self._pack(msgs, tuple(b[ok] for b in beliefs)))
+        self._remember(pack_answers(msgs, tuple(b[ok] for b in beliefs)))
         if self._stale():
             self.refit()
         return self
