@@ -13,15 +13,18 @@ Prints and saves (``benchmarks/results/message_prediction.json`` and
 * the kernel table next to the paper's numbers;
 * batched prediction throughput (messages/s) against the importance-sampling oracle
   (1e5 samples) and the quadrature oracle, and the flop rate of the prediction as a
-  fraction of numpy's matrix multiply measured in the same run (calls interleaved);
+  fraction of numpy's (float64) matrix multiply measured in the same run (calls
+  interleaved), with the operator's default float32 variance solve and with a float64
+  one, and the float32 variance's error against float64 on the test set;
 * the rank correlation of predictive variance with the error on the test set.
 
-Run: ``python benchmarks/message_prediction.py`` (about 45 s on 2 cores).
+Run: ``python benchmarks/message_prediction.py`` (about 100 s on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import time
@@ -208,6 +211,24 @@ def median_times_interleaved(fns: dict, repeats: int) -> dict:
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
+def variance_precision_check(op: KJITOperator, test) -> dict:
+    """The float32 epistemic variance (``variance_precision="auto"``) against float64."""
+    double = copy.copy(op)
+    double.variance_precision = "double"
+    _, v32 = op.predict(test)
+    _, v64 = double.predict(test)
+    threshold = op.current_thresholds()
+    changed = (v32 > threshold).any(axis=1) != (v64 > threshold).any(axis=1)
+    return {
+        "single_precision_used": op.regression_._R32 is not None,
+        "condition_number_R": float(np.linalg.cond(op.regression_.R_)),
+        "max_relative_error": float(np.max(np.abs(v32 - v64) / v64)),
+        "median_relative_error": float(np.median(np.abs(v32 - v64) / v64)),
+        "decisions_changed": int(changed.sum()),
+        "n": int(changed.size),
+    }
+
+
 def prediction_flops(op: KJITOperator, B: int) -> float:
     """Matrix-multiply and triangular-solve flops of one batched prediction."""
     f = op.features_
@@ -229,7 +250,10 @@ def throughput(op: KJITOperator, mu, var, y, seed: int, repeats: int):
     A = rng.standard_normal((10_000, op.features_.n_inner))
     W = rng.standard_normal((op.features_.n_inner, op.features_.n_outer // 2))
     S = rng.standard_normal((2000, 2000))
-    fns = {"predict": lambda: op.predict(msgs), "gemm": lambda: A @ W, "square": lambda: S @ S}
+    double = copy.copy(op)  # same learned state, variance solved in float64
+    double.variance_precision = "double"
+    fns = {"predict": lambda: op.predict(msgs), "predict_double": lambda: double.predict(msgs),
+           "gemm": lambda: A @ W, "square": lambda: S @ S}
     for fn in fns.values():
         fn()  # warm up (and compile the feature kernels)
     t = median_times_interleaved(fns, repeats)
@@ -250,6 +274,8 @@ def throughput(op: KJITOperator, mu, var, y, seed: int, repeats: int):
         "numpy_gemm_gflops_same_shape": gemm_rate / 1e9,
         "numpy_gemm_gflops_2000": gemm_rate_square / 1e9,
         "gemm_fraction": flops / t_pred / peak,
+        "gemm_fraction_double_variance": flops / t["predict_double"] / peak,
+        "kjit_seconds_per_10000_double_variance": t["predict_double"],
         "importance_sampling_messages_per_second": 300 / t_is,
         "quadrature_messages_per_second": 10_000 / t_quad,
     }
@@ -284,6 +310,9 @@ def main(argv=None) -> dict:
     total_var = pvar.sum(axis=1)
     rho = stats.spearmanr(total_var, lk).statistic
     print(f"  Spearman(predictive variance, log KL) = {rho:.3f}")
+    precision = variance_precision_check(op, test)
+    print(f"  float32 variance: max relative error {precision['max_relative_error']:.2g} against float64; "
+          f"{precision['decisions_changed']} of {precision['n']} oracle decisions changed")
 
     print("throughput of batched prediction (10,000 message tuples) ...", flush=True)
     perf = throughput(op, mu, var, y, args.seed, args.repeats)
@@ -319,6 +348,7 @@ def main(argv=None) -> dict:
             "gemm_fraction_ge_0.5": bool(perf["gemm_fraction"] >= 0.5),
             "spearman_positive": bool(rho > 0),
         },
+        "variance_precision": precision,
         "held_out_problems": held_out,
         "kernels": rows,
         "throughput": perf,

@@ -101,3 +101,28 @@ def test_state_roundtrip_and_errors():
         BayesianLinearRegression().fit(bad, Y)
     with pytest.raises(RuntimeError, match="not fitted"):
         BayesianLinearRegression().predict(Phi)
+
+
+def test_auto_precision_leverage_is_accurate_and_falls_back_when_ill_conditioned():
+    Phi, Y = _data(n=200, D=40)
+    model = BayesianLinearRegression(regularization=0.1).fit(Phi, Y)
+    Xt, _ = _data(n=30, D=40, seed=5)
+    exact = np.einsum("nd,nd->n", Xt, np.linalg.solve(model.R_.T @ model.R_, Xt.T).T)
+    double = model.leverage(Xt)
+    auto = model.leverage(Xt, precision="auto")
+    np.testing.assert_allclose(double, exact, rtol=1e-10)
+    assert not np.array_equal(auto, double)  # the single-precision solve did run
+    cond = np.linalg.cond(model.R_)
+    np.testing.assert_allclose(auto, exact, rtol=10 * cond * np.finfo(np.float32).eps)
+    _, v_auto = model.predict(Xt, return_var=True, variance_precision="auto")
+    np.testing.assert_allclose(v_auto, (auto[:, None] + 1) * model.noise_var_, rtol=1e-12)
+
+    # Nearly collinear features and a tiny regulariser: cond(R) ~ 1e6, beyond float32.
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(200, 1))
+    Phi_bad = base + 1e-6 * rng.normal(size=(200, 40))
+    bad = BayesianLinearRegression(regularization=1e-12).fit(Phi_bad, Y)
+    assert np.linalg.cond(bad.R_) * np.finfo(np.float32).eps > 0.05
+    np.testing.assert_array_equal(bad.leverage(Xt, precision="auto"), bad.leverage(Xt))
+    with pytest.raises(ValueError, match="precision"):
+        model.leverage(Xt, precision="half")

@@ -195,6 +195,8 @@ def small_operator():
 
 def test_blocked_prediction_is_independent_of_blocking(small_operator, monkeypatch):
     op = small_operator
+    # double precision throughout, so that blocking is the only difference
+    monkeypatch.setattr(op, "variance_precision", "double")
     rng = np.random.default_rng(8)
     y = rng.integers(0, 2, 1000).astype(float)
     msgs = (Gaussian(rng.normal(0, 2, 1000), np.exp(rng.uniform(-2, 2, 1000))), Beta(1 + y, 2 - y))
@@ -210,3 +212,19 @@ def test_blocked_prediction_is_independent_of_blocking(small_operator, monkeypat
         np.testing.assert_allclose(v, var, rtol=1e-9)
         np.testing.assert_allclose(belief.natural, expected_beliefs[0].natural, rtol=1e-9)
     np.testing.assert_allclose(results[0][1], results[2][1], rtol=1e-9)
+
+
+def test_single_precision_variance_matches_double(small_operator, monkeypatch):
+    op = small_operator
+    rng = np.random.default_rng(9)
+    y = rng.integers(0, 2, 500).astype(float)
+    msgs = (Gaussian(rng.normal(0, 2, 500), np.exp(rng.uniform(-2, 2, 500))), Beta(1 + y, 2 - y))
+    assert op.variance_precision == "auto" and op.regression_._R32 is not None
+    (b32,), v32 = op.predict(msgs)
+    monkeypatch.setattr(op, "variance_precision", "double")
+    (b64,), v64 = op.predict(msgs)
+    np.testing.assert_array_equal(b32.natural, b64.natural)  # messages stay in float64
+    cond = np.linalg.cond(op.regression_.R_)
+    np.testing.assert_allclose(v32, v64, rtol=10 * cond * np.finfo(np.float32).eps)
+    with pytest.raises(ValueError, match="variance_precision"):
+        KJITOperator((Gaussian, Beta), variance_precision="single")
