@@ -164,6 +164,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--n-test", type=int, default=2000)
     parser.add_argument("--n-inner", type=int, default=500)
     parser.add_argument("--n-outer", type=int, default=1000)
+    parser.add_argument("--orthogonal-outer", action="store_true", help="orthogonal random outer frequencies")
     parser.add_argument("--n-trees", type=int, default=200)
     parser.add_argument("--n-path", type=int, default=50)
     parser.add_argument("--path-y", type=float, default=1.0, help="observation on both paths")
@@ -195,7 +196,8 @@ def run(args: argparse.Namespace) -> dict:
     print("fitting ...", flush=True)
     fit_seconds = {}
     t0 = time.perf_counter()
-    op = KJITOperator((Gaussian, Beta), targets=(0,), features=GaussianJointEmbeddingFeatures(args.n_inner, args.n_outer),
+    op = KJITOperator((Gaussian, Beta), targets=(0,), features=GaussianJointEmbeddingFeatures(
+        args.n_inner, args.n_outer, orthogonal_outer=args.orthogonal_outer),
                       random_state=args.seed)
     # The forests are fitted on relative_targets below: make sure they are also the operator's.
     form = getattr(op, "target_form", "relative" if getattr(op, "relative", True) else "absolute")

@@ -148,7 +148,16 @@ def test_state_roundtrip_and_scales_do_not_redraw():
         clone = type(feats).from_state_dict(feats.state_dict())
         np.testing.assert_array_equal(clone.transform(msgs), Phi)
         assert np.isfinite(Phi).all()
+    orth = GaussianJointEmbeddingFeatures(40, 40, orthogonal_outer=True, random_state=0).fit(msgs)
+    W = orth.unit_outer_  # (n_inner, n_outer / 2) = (40, 20): one orthogonal block
+    G = W.T @ W
+    np.testing.assert_allclose(G - np.diag(np.diag(G)), 0.0, atol=1e-10)  # orthogonal directions
+    clone = GaussianJointEmbeddingFeatures.from_state_dict(orth.state_dict())
+    assert clone.orthogonal_outer is True
+    np.testing.assert_array_equal(clone.transform(msgs), orth.transform(msgs))
     g = GaussianJointEmbeddingFeatures(40, 60, random_state=0).fit(msgs)
+    G = g.unit_outer_.T @ g.unit_outer_
+    assert np.abs(G - np.diag(np.diag(G))).max() > 1e-3  # plain random features are not orthogonal
     before = g.unit_inner_.copy()
     g.set_params(inner_scale=2.0).refit_widths(msgs)
     np.testing.assert_array_equal(g.unit_inner_, before)

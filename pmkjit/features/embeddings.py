@@ -475,10 +475,13 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
         Multipliers of the median-heuristic widths (per-variable widths on the
         message means; ``gamma`` on the inner embeddings). A KJIT operator chooses
         them by the regression's log evidence.
+    orthogonal_outer : bool, default False
+        Draw the outer frequencies as orthogonal random features (Yu et al., 2016),
+        which lowers the variance of the outer kernel approximation.
     random_state : int, Generator or None
     """
 
-    _param_names = ("n_inner", "n_outer", "inner_scale", "outer_scale", "random_state")
+    _param_names = ("n_inner", "n_outer", "inner_scale", "outer_scale", "orthogonal_outer", "random_state")
     _state_names = ("unit_inner_", "base_lengthscales_", "unit_outer_", "outer_base_")
 
     def __init__(
@@ -487,12 +490,14 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
         n_outer: int = 1000,
         inner_scale: float = 1.0,
         outer_scale: float = 1.0,
+        orthogonal_outer: bool = False,
         random_state=None,
     ):
         self.n_inner = n_inner
         self.n_outer = n_outer
         self.inner_scale = inner_scale
         self.outer_scale = outer_scale
+        self.orthogonal_outer = orthogonal_outer
         self.random_state = random_state
 
     def fit(self, messages: Sequence[ExponentialFamily]) -> "GaussianJointEmbeddingFeatures":
@@ -503,7 +508,9 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
         self.unit_inner_ = rng.standard_normal((c, K))
         self.base_lengthscales_ = _mean_lengthscales(messages, rng)
         D_out = _check_even(self.n_outer, "n_outer")
-        self.unit_outer_ = RandomFourierFeatures("rbf", D_out, random_state=rng).fit(
+        self.unit_outer_ = RandomFourierFeatures(
+            "rbf", D_out, orthogonal=bool(self.orthogonal_outer), random_state=rng
+        ).fit(
             np.zeros((1, 2 * K))
         ).frequencies_
         self._median_rng = rng
