@@ -206,3 +206,23 @@ def test_distributions_of_distributions_are_refused_clearly():
     for model in (censored, mixture):
         with pytest.raises(UnsupportedModelError, match="y: .* takes another distribution as a parameter"):
             build_factor_graph(model)
+
+
+def test_compiled_model_expressions_run_at_numpy_speed():
+    # FAST_COMPILE's Python ops evaluated an n-ary Mul, a Cast or Softplus one element at a
+    # time: a StudentT log-density on a 2-D quadrature grid took 3.6 s per call, and
+    # quadrature EP of a robust regression with a latent scale minutes per sweep
+    import time
+
+    import pytensor.tensor as pt
+
+    from pmkjit.graph.pytensor_tools import compile_function
+
+    a, b, c = pt.vector("a"), pt.vector("b"), pt.vector("c")
+    f = compile_function([a, b, c], pt.log1pexp(a * b * c) + pt.cast(a > 0.5, "float64"))
+    x = np.linspace(0.0, 1.0, 300_000)
+    f(x, x, x)
+    t0 = time.perf_counter()
+    out = f(x, x, x)
+    assert time.perf_counter() - t0 < 0.5  # ~0.01 s in C, ~2 s in Python
+    np.testing.assert_allclose(out, np.logaddexp(0.0, x**3) + (x > 0.5), rtol=1e-12)
