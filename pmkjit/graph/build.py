@@ -201,7 +201,7 @@ class _Builder:
         seen.add(id(var))
         deps = latent_ancestors(var, self.latent_rvs)
         if not deps:
-            value = evaluate_constant(var)
+            value = _finite(evaluate_constant(var), owner, var)
             if value.size == 1:
                 leaves[id(var)] = (var, float(value.reshape(())))
             else:
@@ -326,7 +326,7 @@ class _Builder:
                 self._mvnormal_prior(rv, params)
                 return
         else:
-            consts = [self._constant(p) for p in params]
+            consts = [self._constant(p, rv.name) for p in params]
             if all(c is not None for c in consts):
                 natural = _conjugate_prior(opname, var.family, consts)
                 if natural is not None:
@@ -378,18 +378,18 @@ class _Builder:
             return
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
 
-    def _constant(self, p: Variable) -> np.ndarray | None:
+    def _constant(self, p: Variable, owner: str) -> np.ndarray | None:
         if latent_ancestors(p, self.latent_rvs):
             return None
-        return evaluate_constant(p)
+        return _finite(evaluate_constant(p), owner, p)
 
     def _try_gaussian_term(self, rv, params, *, prior: bool, y=None) -> bool:
         mu, sigma = params
-        sigma_v = self._constant(sigma)
+        sigma_v = self._constant(sigma, rv.name)
         if sigma_v is None:
             return False
         plate = self.variables[rv.name].shape if prior else y.shape
-        mu_v = self._constant(mu)
+        mu_v = self._constant(mu, rv.name)
         D = self.graph.n_theta
         B = int(np.prod(plate, dtype=int))
         if mu_v is not None:
@@ -427,7 +427,7 @@ class _Builder:
                 break
         else:
             return False
-        mu_v = self._constant(mu)
+        mu_v = self._constant(mu, rv.name)
         if mu_v is not None and not prior:
             return False  # a constant mean leaves one latent: plain 1-D quadrature is exact
         if mu_v is not None:
@@ -457,7 +457,7 @@ class _Builder:
 
     def _mvnormal_prior(self, rv, params) -> None:
         mu, cov = params
-        mu_v, cov_v = self._constant(mu), self._constant(cov)
+        mu_v, cov_v = self._constant(mu, rv.name), self._constant(cov, rv.name)
         var = self.variables[rv.name]
         if mu_v is None or cov_v is None or cov_v.ndim != 2 or len(var.shape) != 1:
             raise UnsupportedModelError(
@@ -475,7 +475,7 @@ class _Builder:
 
     def _try_conjugate(self, rv, opname, params, y) -> bool:
         pos, family, natural_fn, link = _CONJUGATE[opname]
-        others = [self._constant(p) for i, p in enumerate(params) if i != pos]
+        others = [self._constant(p, rv.name) for i, p in enumerate(params) if i != pos]
         if any(o is None for o in others):
             return False
         deps = latent_ancestors(params[pos], self.latent_rvs)
@@ -513,7 +513,7 @@ class _Builder:
 
     def _try_split(self, rv, opname, params, y) -> bool:
         pos, family, natural_fn, _ = _CONJUGATE[opname]
-        others = [self._constant(p) for i, p in enumerate(params) if i != pos]
+        others = [self._constant(p, rv.name) for i, p in enumerate(params) if i != pos]
         if any(o is None for o in others):
             return False
         plate = y.shape
@@ -621,6 +621,26 @@ class _Builder:
 # -------------------------------------------------------------------- helpers
 def _label(var: Variable) -> str:
     return var.name or (type(var.owner.op).__name__ if var.owner is not None else str(var))
+
+
+def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
+    """``value`` (a constant parameter or data array of ``owner``) if it has no NaN or inf.
+
+    A NaN in a covariate or in a constant parameter (a missing value in a pandas column
+    used as a predictor) would otherwise reach EP as an improper point-mass message or a
+    NaN precision, failing later with an error that names neither the variable nor the data.
+    """
+    value = np.asarray(value)
+    if value.dtype.kind not in "fc" or np.all(np.isfinite(value)):
+        return value
+    bad = ~np.isfinite(value)
+    what = "NaN" if np.isnan(value).any() else "infinite values"
+    where = f", first at index {np.argwhere(bad)[0].tolist()}" if value.ndim else ""
+    name = f"data {var.name}" if var.name else f"a constant of shape {value.shape}"
+    raise UnsupportedModelError(
+        f"{owner}: a parameter depends on {name} containing {what} ({int(bad.sum())} of {value.size} entries"
+        f"{where}); pmkjit needs finite data: drop or fill the missing entries"
+    )
 
 
 def _pass_through(op) -> bool:

@@ -1,8 +1,9 @@
 """PyTensor plumbing: evaluating model sub-graphs on batches of latent values.
 
-Everything here compiles with PyTensor's ``FAST_COMPILE`` mode: the graphs are small
-elementwise expressions evaluated on large numpy arrays, where compiling C code would
-cost seconds per factor and save nothing (each node is one vectorised numpy call).
+Everything here compiles with PyTensor's C op implementations and its cheapest graph
+rewrites (no fusion): the graphs are small elementwise expressions evaluated on large
+numpy arrays; each op's C code is generic, compiled once per machine and cached, so a
+function compiles in about 0.1 s and evaluates as fast as numpy (see ``_MODE``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from pytensor.compile.mode import Mode
 from pytensor.graph.basic import Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.graph.replace import clone_replace, vectorize_graph
@@ -19,7 +21,14 @@ from pytensor.graph.replace import clone_replace, vectorize_graph
 __all__ = ["compile_function", "latent_ancestors", "affine_coefficients", "evaluate_constant",
            "parameter_checks_to_ninf", "lift_indexing"]
 
-_MODE = "FAST_COMPILE"
+# PyTensor's C implementation of each op with its cheapest graph rewrites: the C code of
+# an op is generic (per dtype and rank), compiled once per machine and cached, so a
+# function compiles in ~0.1 s; the Python implementation (FAST_COMPILE) runs an n-ary
+# Mul, a Cast, Softplus or a fused Composite through a per-element Python call (a StudentT
+# log-density took 3.6 s on 168,100 points instead of 0.03 s, and quadrature of a robust
+# regression with a latent scale minutes per sweep). Without a C compiler "c|py" falls
+# back to the Python implementation.
+_MODE = Mode(linker="c|py", optimizer="fast_compile")
 _AFFINE_RTOL = 1e-8
 
 
