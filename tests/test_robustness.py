@@ -250,3 +250,40 @@ def test_nan_in_a_covariate_or_constant_parameter_is_refused_naming_the_variable
     name = "b" if where == "prior" else "y"
     with pytest.raises(UnsupportedModelError, match=rf"^{name}: .*NaN"):
         build_factor_graph(model)
+
+
+@pytest.mark.parametrize("case", ["bernoulli-2", "binomial-above-n", "negative-time", "beta-at-1", "logit-bernoulli"])
+def test_observations_outside_the_support_are_refused(case):
+    # conjugate and split factors read observations into natural parameters without a
+    # density: Bernoulli 2, a count above n, a negative time gave a posterior silently
+    x = np.linspace(-1.0, 1.0, 10)
+    with pm.Model() as model:
+        if case == "bernoulli-2":
+            p = pm.Beta("p", 1.0, 1.0)
+            pm.Bernoulli("y", p=p, observed=np.array([0, 1, 1, 2, 0]))
+        elif case == "binomial-above-n":
+            p = pm.Beta("p", 1.0, 1.0)
+            pm.Binomial("y", n=5, p=p, observed=np.array([3, 6, 5]))
+        elif case == "negative-time":
+            lam = pm.Gamma("lam", 1.0, 1.0)
+            pm.Exponential("y", lam, observed=np.array([1.0, -0.5, 2.0]))
+        elif case == "beta-at-1":
+            b = pm.Normal("b", 0.0, 1.0)
+            mu = pm.math.invlogit(b * x)
+            pm.Beta("y", mu * 10.0, (1.0 - mu) * 10.0, observed=np.where(x > 0.9, 1.0, 0.5))
+        else:
+            b = pm.Normal("b", 0.0, 1.0)
+            pm.Bernoulli("y", logit_p=b * x, observed=np.where(x > 0.5, 3, 0))
+    with pytest.raises(UnsupportedModelError, match=r"^y: the observed value .* outside the distribution's support"):
+        build_factor_graph(model)
+
+
+def test_observations_at_the_edge_of_the_support_are_kept():
+    # 0 and n successes are inside the support: Beta(1 + sum k, 1 + sum(n - k)) exactly
+    with pm.Model() as model:
+        p = pm.Beta("p", 1.0, 1.0)
+        pm.Binomial("k", n=np.array([4, 6, 5]), p=p, observed=np.array([0, 6, 5]))
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)
+    q = pmkjit.ep_posterior(idata)["p"]
+    exact = stats.beta(1 + 11, 1 + 4)
+    np.testing.assert_allclose([q.mean()[0], q.var()[0]], [exact.mean(), exact.var()], rtol=1e-10)

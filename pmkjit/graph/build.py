@@ -77,6 +77,9 @@ _CONJUGATE = {
 # Observations whose conjugate parameter may be a nonlinear function of latents: the
 # paper's split into a deterministic factor and an analytic observation.
 _SPLIT = ("BernoulliRV", "BinomialRV", "PoissonRV")
+# Distributions whose support moves with their parameters: an observation outside it at
+# the points tried may be inside it elsewhere, so the support check leaves them alone.
+_PARAMETER_SUPPORT = ("UniformRV", "TriangularRV", "ParetoRV", "DiscreteUniformRV", "HyperGeometricRV")
 _STRUCTURAL = {
     "identity": lambda u: u,
     "reciprocal": lambda u: 1.0 / u,
@@ -114,6 +117,7 @@ class _Builder:
         self.variables: dict[str, LatentVariable] = {}
         self.rv_of: dict[str, Variable] = {}
         self.graph: FactorGraph | None = None
+        self._support_logp: dict[str, list[np.ndarray]] | None = None
 
     # -------------------------------------------------------------- variables
     def build(self) -> FactorGraph:
@@ -356,6 +360,7 @@ class _Builder:
             raise UnsupportedModelError(
                 f"{rv.name}: multivariate likelihood {opname} is not supported; write it elementwise"
             )
+        self._check_support(rv, y)
         plate = y.shape
         params = list(op.dist_params(rv.owner))
         if not any(latent_ancestors(p, self.latent_rvs) for p in params):
@@ -377,6 +382,32 @@ class _Builder:
         if opname in _SPLIT and self._try_split(rv, opname, params, y):
             return
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
+
+    def _check_support(self, rv: Variable, y: np.ndarray) -> None:
+        """Refuse observed values of zero density (outside the distribution's support).
+
+        The conjugate and split factors only read the observation into natural parameters:
+        a Bernoulli 2, a Binomial count above n or a negative Exponential time gave a
+        posterior without complaint, and a Beta observation of exactly 1 had its instance's
+        site silently skipped. PyMC's log-density is evaluated elementwise at the model's
+        initial point and at two jittered points; an entry that is ``-inf`` at all three is
+        refused (``pm.sample`` refuses such a model at its starting point too).
+        """
+        if self._support_logp is None:
+            self._support_logp = _observed_logps(self.model, self.rng)
+        values = self._support_logp.get(rv.name)
+        if values is None or values[0].shape != y.shape:
+            return
+        bad = np.all([np.isneginf(v) for v in values], axis=0)
+        if not bad.any():
+            return
+        idx = np.argwhere(bad)[0]
+        raise UnsupportedModelError(
+            f"{rv.name}: the observed value {y[tuple(idx)]:g} (index {idx.tolist()}, {int(bad.sum())} of {y.size} "
+            f"entries) has zero density under {type(rv.owner.op).__name__[:-2] or type(rv.owner.op).__name__} "
+            "for any value of the latents tried: it lies outside the distribution's support (e.g. a count "
+            "above n, a negative time, a proportion of exactly 0 or 1 for a Beta); pm.sample refuses it too"
+        )
 
     def _constant(self, p: Variable, owner: str) -> np.ndarray | None:
         if latent_ancestors(p, self.latent_rvs):
@@ -621,6 +652,32 @@ class _Builder:
 # -------------------------------------------------------------------- helpers
 def _label(var: Variable) -> str:
     return var.name or (type(var.owner.op).__name__ if var.owner is not None else str(var))
+
+
+def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list[np.ndarray]]:
+    """Elementwise log-density of every elementwise observed variable at three points.
+
+    The model's initial point and two points jittered by U(-1, 1) in the transformed
+    space (as ``pm.sample`` jitters its start), so that a parameter which is invalid
+    only at the initial point (``lam = b * x`` at ``b = 0``) does not count as bad data.
+    Variables whose density PyMC cannot derive are left out.
+    """
+    obs = [rv for rv in model.observed_RVs if getattr(rv.owner.op, "ndim_supp", 0) == 0
+           and type(rv.owner.op).__name__ not in _PARAMETER_SUPPORT]
+    if not obs:
+        return {}
+    try:
+        point = model.initial_point()
+        inputs = [v for v in model.value_vars if v.name in point]
+        graphs = model.logp(vars=obs, sum=False, jacobian=False)
+        fn = compile_function(inputs, [parameter_checks_to_ninf(g) for g in graphs])
+        points = [point] + [{k: v + rng.uniform(-1.0, 1.0, np.shape(v)) for k, v in point.items()}
+                            for _ in range(2)]
+        with np.errstate(all="ignore"):
+            evals = [fn(*[np.asarray(p[v.name], dtype=v.dtype) for v in inputs]) for p in points]
+    except Exception:  # noqa: BLE001 - the factors check their own densities later
+        return {}
+    return {rv.name: [np.asarray(e[i], dtype=float) for e in evals] for i, rv in enumerate(obs)}
 
 
 def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
