@@ -287,3 +287,26 @@ def test_observations_at_the_edge_of_the_support_are_kept():
     q = pmkjit.ep_posterior(idata)["p"]
     exact = stats.beta(1 + 11, 1 + 4)
     np.testing.assert_allclose([q.mean()[0], q.var()[0]], [exact.mean(), exact.var()], rtol=1e-10)
+
+
+def test_a_power_of_a_scalar_latent_is_not_read_as_the_latent_or_its_precision():
+    # probes at 1 (a fixed point of every power) read Normal(0, sqrt(s2)) as the conjugate
+    # precision form (posterior mean of s2 0.40 instead of 2.78) and sigma=s**2 as sigma=s
+    rng = np.random.default_rng(0)
+    y = rng.normal(0.0, 2.0, 50)
+    with pm.Model() as model:
+        s2 = pm.InverseGamma("s2", 2.0, 2.0)
+        pm.Normal("y", 0.0, pm.math.sqrt(s2), observed=y)
+    assert not build_factor_graph(model).element_sites  # not conjugate in s2
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, method="quadrature", draws=10)
+    q = pmkjit.ep_posterior(idata)["s2"]
+    exact = stats.invgamma(2.0 + y.size / 2, scale=2.0 + np.sum(y**2) / 2)
+    assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
+    assert 0.85 < np.sqrt(q.var()[0]) / exact.std() < 1.15
+    with pm.Model() as squared:
+        s = pm.HalfNormal("s", 1.0)
+        pm.StudentT("y", nu=4, mu=0.0, sigma=s**2, observed=y[:5])
+    (f,) = [f for f in build_factor_graph(squared).factors if f.name == "y"]
+    s_value = np.full((1, 5), 1.7)
+    expect = stats.t.logpdf(y[:5], 4, scale=1.7**2)
+    np.testing.assert_allclose(f.logp(y[None, :5], (s_value,))[0], expect, rtol=1e-8)

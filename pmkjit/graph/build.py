@@ -239,19 +239,29 @@ class _Builder:
         )
 
     def _element_index(self, var: Variable, rv: Variable, plate) -> np.ndarray | None:
-        """Indices into ``rv`` if ``var`` only selects or broadcasts its elements."""
+        """Indices into ``rv`` if ``var`` only selects or broadcasts its elements.
+
+        Probed at ``i + 0.25`` and ``3 i + 1.75`` for element ``i``: values that no power or
+        other simple function of the latent maps onto themselves (the probes 0, 1, 2 i + 1
+        of a scalar were fixed points of ``s**2`` and ``sqrt(s)``, so ``sigma=s**2`` was read
+        as ``sigma=s``).
+        """
         size = self.variables[rv.name].size
         shape = self.variables[rv.name].shape
         probe = pt.vector("probe", shape=(size,))
         expr = pytensor.clone_replace(var, {rv: probe.reshape(shape)})
+        base = np.arange(size, dtype=float)
         try:
             f = compile_function([probe], expr)
-            base = np.arange(size, dtype=float)
-            idx = np.broadcast_to(np.asarray(f(base), dtype=float), plate)
-            moved = np.broadcast_to(np.asarray(f(2.0 * base + 1.0), dtype=float), plate)
+            with np.errstate(all="ignore"):
+                idx = np.broadcast_to(np.asarray(f(base + 0.25), dtype=float), plate) - 0.25
+                moved = np.broadcast_to(np.asarray(f(3.0 * base + 1.75), dtype=float), plate)
         except (ValueError, TypeError):
             return None
-        if not np.array_equal(moved, 2.0 * idx + 1.0) or not np.array_equal(idx, np.round(idx)):
+        if not np.all(np.isfinite(idx)) or not np.allclose(idx, np.round(idx), rtol=0.0, atol=1e-9):
+            return None
+        idx = np.round(idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= size) or not np.allclose(moved, 3.0 * idx + 1.75, rtol=1e-12, atol=0.0):
             return None
         return idx.astype(np.int64).ravel()
 
@@ -521,25 +531,32 @@ class _Builder:
         return True
 
     def _linked_index(self, var, rv, plate, link: str) -> np.ndarray | None:
-        """Indices ``i`` with ``var = link(rv[i])`` elementwise, if ``var`` is such a selection."""
+        """Indices ``i`` with ``var = link(rv[i])`` elementwise, if ``var`` is such a selection.
+
+        Two probes, neither containing 1 (a fixed point of every power: with the probe
+        1, 2, ... a scalar's ``sqrt(s2)`` passed as ``1 / sqrt(s2)``, so
+        ``Normal(0, pm.math.sqrt(s2))`` was read as a precision).
+        """
         size = self.variables[rv.name].size
         probe = pt.vector("probe", shape=(size,))
         expr = pytensor.clone_replace(var, {rv: probe.reshape(self.variables[rv.name].shape)})
         f = compile_function([probe], expr)
-        base = 1.0 + np.arange(size, dtype=float)
-        try:
-            got = np.broadcast_to(np.asarray(f(base), dtype=float), plate).ravel()
-        except ValueError:
-            return None
         fn = _STRUCTURAL[link]
-        # invert the link on the probe values: which element produced each entry
-        table = fn(base)
-        idx = np.searchsorted(np.sort(table), got)
-        order = np.argsort(table)
-        idx = np.clip(idx, 0, size - 1)
-        cand = order[idx]
-        if not np.allclose(table[cand], got, rtol=1e-12, atol=0):
-            return None
+        cand = None
+        for base in (1.5 + np.arange(size, dtype=float), 0.35 + 2.5 * np.arange(size, dtype=float)):
+            try:
+                with np.errstate(all="ignore"):
+                    got = np.broadcast_to(np.asarray(f(base), dtype=float), plate).ravel()
+            except ValueError:
+                return None
+            table = fn(base)
+            if cand is None:
+                # invert the link on the probe values: which element produced each entry
+                order = np.argsort(table)
+                idx = np.clip(np.searchsorted(table[order], got), 0, size - 1)
+                cand = order[idx]
+            if not np.allclose(table[cand], got, rtol=1e-12, atol=0):
+                return None
         return cand.astype(np.int64)
 
     def _try_split(self, rv, opname, params, y) -> bool:
