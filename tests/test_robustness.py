@@ -310,3 +310,28 @@ def test_a_power_of_a_scalar_latent_is_not_read_as_the_latent_or_its_precision()
     s_value = np.full((1, 5), 1.7)
     expect = stats.t.logpdf(y[:5], 4, scale=1.7**2)
     np.testing.assert_allclose(f.logp(y[None, :5], (s_value,))[0], expect, rtol=1e-8)
+
+
+def test_a_latent_passed_directly_to_a_symbolic_distribution_is_a_parameter():
+    # pm.Weibull(alpha=a) keeps the latent itself among its parameters (no broadcast copy):
+    # it was refused as "takes another distribution as a parameter (pm.Censored, ...)"
+    t = np.array([0.5, 1.2, 2.0])
+    with pm.Model() as model:
+        a = pm.Gamma("a", 2.0, 1.0)
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Weibull("t", alpha=a, beta=pm.math.exp(b), observed=t)
+    (f,) = [f for f in build_factor_graph(model).factors if f.name == "t"]
+    ins = tuple(np.full((1, 3), 1.5) if s.family.name == "Gamma" else np.full((1, 3), 0.2) for s in f.inputs)
+    np.testing.assert_allclose(f.logp(t[None, :], ins)[0], stats.weibull_min(1.5, scale=np.exp(0.2)).logpdf(t),
+                               rtol=1e-8)
+
+
+def test_an_infinite_truncation_bound_is_not_missing_data():
+    with pm.Model() as model:
+        s = pm.TruncatedNormal("s", 0.0, 5.0, lower=0.0)
+        pm.Normal("y", 0.0, s, observed=np.array([1.0, -2.0, 0.5]))
+    (f,) = [f for f in build_factor_graph(model).factors if f.name == "s"]
+    x = np.array([[0.3, 2.0, 7.0]])
+    expect = stats.truncnorm(0.0, np.inf, loc=0.0, scale=5.0).logpdf(x)
+    ins = tuple(np.zeros((1, 3)) for _ in f.inputs)
+    np.testing.assert_allclose(f.logp(x, ins), expect, atol=1e-6)

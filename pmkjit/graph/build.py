@@ -592,7 +592,7 @@ class _Builder:
         opname = type(op).__name__
         leaves: dict = {}
         seen: set = set()
-        _check_elementwise_distribution(rv)
+        _check_elementwise_distribution(rv, self.latent_rvs)
         params = [lift_indexing(p) for p in params]
         for p in params:
             self._walk(p, plate, rv.name, leaves, seen)
@@ -679,8 +679,16 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
     only at the initial point (``lam = b * x`` at ``b = 0``) does not count as bad data.
     Variables whose density PyMC cannot derive are left out.
     """
-    obs = [rv for rv in model.observed_RVs if getattr(rv.owner.op, "ndim_supp", 0) == 0
-           and type(rv.owner.op).__name__ not in _PARAMETER_SUPPORT]
+    latents = list(model.free_RVs)
+    obs = []
+    for rv in model.observed_RVs:
+        if type(rv.owner.op).__name__ in _PARAMETER_SUPPORT:
+            continue
+        try:
+            _check_elementwise_distribution(rv, latents)  # refused with its own reason later
+        except UnsupportedModelError:
+            continue
+        obs.append(rv)
     if not obs:
         return {}
     try:
@@ -707,7 +715,11 @@ def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
     value = np.asarray(value)
     if value.dtype.kind not in "fc" or np.all(np.isfinite(value)):
         return value
-    bad = ~np.isfinite(value)
+    # an infinite bound (TruncatedNormal's upper=inf) is legitimate; NaN, or inf mixed with
+    # finite entries (log of a zero covariate), is missing or broken data
+    bad = np.isnan(value) if np.all(np.isinf(value) | np.isnan(value)) else ~np.isfinite(value)
+    if not bad.any():
+        return value
     what = "NaN" if np.isnan(value).any() else "infinite values"
     where = f", first at index {np.argwhere(bad)[0].tolist()}" if value.ndim else ""
     name = f"data {var.name}" if var.name else f"a constant of shape {value.shape}"
@@ -777,14 +789,21 @@ def _conjugate_prior(opname: str, family: type, consts: list) -> np.ndarray | No
     return None
 
 
-def _check_elementwise_distribution(rv: Variable) -> None:
-    """Refuse, before its parameters are walked, a distribution that is not elementwise."""
+def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = ()) -> None:
+    """Refuse, before its parameters are walked, a distribution that is not elementwise.
+
+    A parameter that *is* one of the model's latent variables (``alpha=a`` of a
+    ``pm.Weibull``, whose symbolic parameters are not broadcast copies) is an ordinary
+    parameter, not a distribution passed as a parameter.
+    """
     op = rv.owner.op
     if isinstance(op, (CustomSymbolicDistRV, SimulatorRV)):
         return
     name = type(op).__name__
     dists = (RandomVariable, SymbolicRandomVariable)
-    if any(p.owner is not None and isinstance(p.owner.op, dists) for p in op.dist_params(rv.owner)):
+    model_rvs = set(latents)
+    if any(p.owner is not None and isinstance(p.owner.op, dists) and p not in model_rvs
+           for p in op.dist_params(rv.owner)):
         raise UnsupportedModelError(
             f"{rv.name}: {name} takes another distribution as a parameter (pm.Censored, pm.Mixture, ...); "
             "pmkjit needs an elementwise distribution whose parameters are expressions of the latents"
