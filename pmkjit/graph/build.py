@@ -359,6 +359,12 @@ class _Builder:
         self._black_box(rv, params, plate, kind="prior", output=output)
 
     def _likelihood(self, rv: Variable) -> None:
+        y = self._likelihood_factor(rv)
+        # after the walk, which refuses NaN in the parameters with that reason (a NaN
+        # covariate also makes the entry's density -inf)
+        self._check_support(rv, y)
+
+    def _likelihood_factor(self, rv: Variable) -> np.ndarray:
         op = rv.owner.op
         opname = type(op).__name__
         y = np.asarray(self.model.rvs_to_values[rv].data if hasattr(self.model.rvs_to_values[rv], "data")
@@ -370,28 +376,28 @@ class _Builder:
             raise UnsupportedModelError(
                 f"{rv.name}: multivariate likelihood {opname} is not supported; write it elementwise"
             )
-        self._check_support(rv, y)
         plate = y.shape
         params = list(op.dist_params(rv.owner))
         if not any(latent_ancestors(p, self.latent_rvs) for p in params):
-            return  # no latent parameter: a constant factor
+            return y  # no latent parameter: a constant factor
         if opname == "NormalRV" and self._try_gaussian_term(rv, params, prior=False, y=y):
-            return
+            return y
         if opname in _CONJUGATE and self._try_conjugate(rv, opname, params, y):
-            return
+            return y
         if opname == "NormalRV" and self._try_normal_scale(rv, params, prior=False, y=y):
-            return
+            return y
         if opname == "LogNormalRV" and np.all(y > 0):
             # log y ~ Normal(mu, sigma): the density differs by the constant Jacobian 1/y only, so
             # the exact and semi-analytic Normal factors apply to the logged observations
             log_y = np.log(y)
             if self._try_gaussian_term(rv, params, prior=False, y=log_y):
-                return
+                return y
             if self._try_normal_scale(rv, params, prior=False, y=log_y):
-                return
+                return y
         if opname in _SPLIT and self._try_split(rv, opname, params, y):
-            return
+            return y
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
+        return y
 
     def _check_support(self, rv: Variable, y: np.ndarray) -> None:
         """Refuse observed values of zero density (outside the distribution's support).
