@@ -250,3 +250,88 @@ def test_nan_in_a_covariate_or_constant_parameter_is_refused_naming_the_variable
     name = "b" if where == "prior" else "y"
     with pytest.raises(UnsupportedModelError, match=rf"^{name}: .*NaN"):
         build_factor_graph(model)
+
+
+@pytest.mark.parametrize("case", ["bernoulli-2", "binomial-above-n", "negative-time", "beta-at-1", "logit-bernoulli"])
+def test_observations_outside_the_support_are_refused(case):
+    # conjugate and split factors read observations into natural parameters without a
+    # density: Bernoulli 2, a count above n, a negative time gave a posterior silently
+    x = np.linspace(-1.0, 1.0, 10)
+    with pm.Model() as model:
+        if case == "bernoulli-2":
+            p = pm.Beta("p", 1.0, 1.0)
+            pm.Bernoulli("y", p=p, observed=np.array([0, 1, 1, 2, 0]))
+        elif case == "binomial-above-n":
+            p = pm.Beta("p", 1.0, 1.0)
+            pm.Binomial("y", n=5, p=p, observed=np.array([3, 6, 5]))
+        elif case == "negative-time":
+            lam = pm.Gamma("lam", 1.0, 1.0)
+            pm.Exponential("y", lam, observed=np.array([1.0, -0.5, 2.0]))
+        elif case == "beta-at-1":
+            b = pm.Normal("b", 0.0, 1.0)
+            mu = pm.math.invlogit(b * x)
+            pm.Beta("y", mu * 10.0, (1.0 - mu) * 10.0, observed=np.where(x > 0.9, 1.0, 0.5))
+        else:
+            b = pm.Normal("b", 0.0, 1.0)
+            pm.Bernoulli("y", logit_p=b * x, observed=np.where(x > 0.5, 3, 0))
+    with pytest.raises(UnsupportedModelError, match=r"^y: the observed value .* outside the distribution's support"):
+        build_factor_graph(model)
+
+
+def test_observations_at_the_edge_of_the_support_are_kept():
+    # 0 and n successes are inside the support: Beta(1 + sum k, 1 + sum(n - k)) exactly
+    with pm.Model() as model:
+        p = pm.Beta("p", 1.0, 1.0)
+        pm.Binomial("k", n=np.array([4, 6, 5]), p=p, observed=np.array([0, 6, 5]))
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)
+    q = pmkjit.ep_posterior(idata)["p"]
+    exact = stats.beta(1 + 11, 1 + 4)
+    np.testing.assert_allclose([q.mean()[0], q.var()[0]], [exact.mean(), exact.var()], rtol=1e-10)
+
+
+def test_a_power_of_a_scalar_latent_is_not_read_as_the_latent_or_its_precision():
+    # probes at 1 (a fixed point of every power) read Normal(0, sqrt(s2)) as the conjugate
+    # precision form (posterior mean of s2 0.40 instead of 2.78) and sigma=s**2 as sigma=s
+    rng = np.random.default_rng(0)
+    y = rng.normal(0.0, 2.0, 50)
+    with pm.Model() as model:
+        s2 = pm.InverseGamma("s2", 2.0, 2.0)
+        pm.Normal("y", 0.0, pm.math.sqrt(s2), observed=y)
+    assert not build_factor_graph(model).element_sites  # not conjugate in s2
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, method="quadrature", draws=10)
+    q = pmkjit.ep_posterior(idata)["s2"]
+    exact = stats.invgamma(2.0 + y.size / 2, scale=2.0 + np.sum(y**2) / 2)
+    assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
+    assert 0.85 < np.sqrt(q.var()[0]) / exact.std() < 1.15
+    with pm.Model() as squared:
+        s = pm.HalfNormal("s", 1.0)
+        pm.StudentT("y", nu=4, mu=0.0, sigma=s**2, observed=y[:5])
+    (f,) = [f for f in build_factor_graph(squared).factors if f.name == "y"]
+    s_value = np.full((1, 5), 1.7)
+    expect = stats.t.logpdf(y[:5], 4, scale=1.7**2)
+    np.testing.assert_allclose(f.logp(y[None, :5], (s_value,))[0], expect, rtol=1e-8)
+
+
+def test_a_latent_passed_directly_to_a_symbolic_distribution_is_a_parameter():
+    # pm.Weibull(alpha=a) keeps the latent itself among its parameters (no broadcast copy):
+    # it was refused as "takes another distribution as a parameter (pm.Censored, ...)"
+    t = np.array([0.5, 1.2, 2.0])
+    with pm.Model() as model:
+        a = pm.Gamma("a", 2.0, 1.0)
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Weibull("t", alpha=a, beta=pm.math.exp(b), observed=t)
+    (f,) = [f for f in build_factor_graph(model).factors if f.name == "t"]
+    ins = tuple(np.full((1, 3), 1.5) if s.family.name == "Gamma" else np.full((1, 3), 0.2) for s in f.inputs)
+    np.testing.assert_allclose(f.logp(t[None, :], ins)[0], stats.weibull_min(1.5, scale=np.exp(0.2)).logpdf(t),
+                               rtol=1e-8)
+
+
+def test_an_infinite_truncation_bound_is_not_missing_data():
+    with pm.Model() as model:
+        s = pm.TruncatedNormal("s", 0.0, 5.0, lower=0.0)
+        pm.Normal("y", 0.0, s, observed=np.array([1.0, -2.0, 0.5]))
+    (f,) = [f for f in build_factor_graph(model).factors if f.name == "s"]
+    x = np.array([[0.3, 2.0, 7.0]])
+    expect = stats.truncnorm(0.0, np.inf, loc=0.0, scale=5.0).logpdf(x)
+    ins = tuple(np.zeros((1, 3)) for _ in f.inputs)
+    np.testing.assert_allclose(f.logp(x, ins), expect, atol=1e-6)

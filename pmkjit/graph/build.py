@@ -77,6 +77,9 @@ _CONJUGATE = {
 # Observations whose conjugate parameter may be a nonlinear function of latents: the
 # paper's split into a deterministic factor and an analytic observation.
 _SPLIT = ("BernoulliRV", "BinomialRV", "PoissonRV")
+# Distributions whose support moves with their parameters: an observation outside it at
+# the points tried may be inside it elsewhere, so the support check leaves them alone.
+_PARAMETER_SUPPORT = ("UniformRV", "TriangularRV", "ParetoRV", "DiscreteUniformRV", "HyperGeometricRV")
 _STRUCTURAL = {
     "identity": lambda u: u,
     "reciprocal": lambda u: 1.0 / u,
@@ -114,6 +117,7 @@ class _Builder:
         self.variables: dict[str, LatentVariable] = {}
         self.rv_of: dict[str, Variable] = {}
         self.graph: FactorGraph | None = None
+        self._support_logp: dict[str, list[np.ndarray]] | None = None
 
     # -------------------------------------------------------------- variables
     def build(self) -> FactorGraph:
@@ -235,19 +239,29 @@ class _Builder:
         )
 
     def _element_index(self, var: Variable, rv: Variable, plate) -> np.ndarray | None:
-        """Indices into ``rv`` if ``var`` only selects or broadcasts its elements."""
+        """Indices into ``rv`` if ``var`` only selects or broadcasts its elements.
+
+        Probed at ``i + 0.25`` and ``3 i + 1.75`` for element ``i``: values that no power or
+        other simple function of the latent maps onto themselves (the probes 0, 1, 2 i + 1
+        of a scalar were fixed points of ``s**2`` and ``sqrt(s)``, so ``sigma=s**2`` was read
+        as ``sigma=s``).
+        """
         size = self.variables[rv.name].size
         shape = self.variables[rv.name].shape
         probe = pt.vector("probe", shape=(size,))
         expr = pytensor.clone_replace(var, {rv: probe.reshape(shape)})
+        base = np.arange(size, dtype=float)
         try:
             f = compile_function([probe], expr)
-            base = np.arange(size, dtype=float)
-            idx = np.broadcast_to(np.asarray(f(base), dtype=float), plate)
-            moved = np.broadcast_to(np.asarray(f(2.0 * base + 1.0), dtype=float), plate)
+            with np.errstate(all="ignore"):
+                idx = np.broadcast_to(np.asarray(f(base + 0.25), dtype=float), plate) - 0.25
+                moved = np.broadcast_to(np.asarray(f(3.0 * base + 1.75), dtype=float), plate)
         except (ValueError, TypeError):
             return None
-        if not np.array_equal(moved, 2.0 * idx + 1.0) or not np.array_equal(idx, np.round(idx)):
+        if not np.all(np.isfinite(idx)) or not np.allclose(idx, np.round(idx), rtol=0.0, atol=1e-9):
+            return None
+        idx = np.round(idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= size) or not np.allclose(moved, 3.0 * idx + 1.75, rtol=1e-12, atol=0.0):
             return None
         return idx.astype(np.int64).ravel()
 
@@ -345,6 +359,12 @@ class _Builder:
         self._black_box(rv, params, plate, kind="prior", output=output)
 
     def _likelihood(self, rv: Variable) -> None:
+        y = self._likelihood_factor(rv)
+        # after the walk, which refuses NaN in the parameters with that reason (a NaN
+        # covariate also makes the entry's density -inf)
+        self._check_support(rv, y)
+
+    def _likelihood_factor(self, rv: Variable) -> np.ndarray:
         op = rv.owner.op
         opname = type(op).__name__
         y = np.asarray(self.model.rvs_to_values[rv].data if hasattr(self.model.rvs_to_values[rv], "data")
@@ -359,24 +379,51 @@ class _Builder:
         plate = y.shape
         params = list(op.dist_params(rv.owner))
         if not any(latent_ancestors(p, self.latent_rvs) for p in params):
-            return  # no latent parameter: a constant factor
+            return y  # no latent parameter: a constant factor
         if opname == "NormalRV" and self._try_gaussian_term(rv, params, prior=False, y=y):
-            return
+            return y
         if opname in _CONJUGATE and self._try_conjugate(rv, opname, params, y):
-            return
+            return y
         if opname == "NormalRV" and self._try_normal_scale(rv, params, prior=False, y=y):
-            return
+            return y
         if opname == "LogNormalRV" and np.all(y > 0):
             # log y ~ Normal(mu, sigma): the density differs by the constant Jacobian 1/y only, so
             # the exact and semi-analytic Normal factors apply to the logged observations
             log_y = np.log(y)
             if self._try_gaussian_term(rv, params, prior=False, y=log_y):
-                return
+                return y
             if self._try_normal_scale(rv, params, prior=False, y=log_y):
-                return
+                return y
         if opname in _SPLIT and self._try_split(rv, opname, params, y):
-            return
+            return y
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
+        return y
+
+    def _check_support(self, rv: Variable, y: np.ndarray) -> None:
+        """Refuse observed values of zero density (outside the distribution's support).
+
+        The conjugate and split factors only read the observation into natural parameters:
+        a Bernoulli 2, a Binomial count above n or a negative Exponential time gave a
+        posterior without complaint, and a Beta observation of exactly 1 had its instance's
+        site silently skipped. PyMC's log-density is evaluated elementwise at the model's
+        initial point and at two jittered points; an entry that is ``-inf`` at all three is
+        refused (``pm.sample`` refuses such a model at its starting point too).
+        """
+        if self._support_logp is None:
+            self._support_logp = _observed_logps(self.model, self.rng)
+        values = self._support_logp.get(rv.name)
+        if values is None or values[0].shape != y.shape:
+            return
+        bad = np.all([np.isneginf(v) for v in values], axis=0)
+        if not bad.any():
+            return
+        idx = np.argwhere(bad)[0]
+        raise UnsupportedModelError(
+            f"{rv.name}: the observed value {y[tuple(idx)]:g} (index {idx.tolist()}, {int(bad.sum())} of {y.size} "
+            f"entries) has zero density under {type(rv.owner.op).__name__[:-2] or type(rv.owner.op).__name__} "
+            "for any value of the latents tried: it lies outside the distribution's support (e.g. a count "
+            "above n, a negative time, a proportion of exactly 0 or 1 for a Beta); pm.sample refuses it too"
+        )
 
     def _constant(self, p: Variable, owner: str) -> np.ndarray | None:
         if latent_ancestors(p, self.latent_rvs):
@@ -490,25 +537,32 @@ class _Builder:
         return True
 
     def _linked_index(self, var, rv, plate, link: str) -> np.ndarray | None:
-        """Indices ``i`` with ``var = link(rv[i])`` elementwise, if ``var`` is such a selection."""
+        """Indices ``i`` with ``var = link(rv[i])`` elementwise, if ``var`` is such a selection.
+
+        Two probes, neither containing 1 (a fixed point of every power: with the probe
+        1, 2, ... a scalar's ``sqrt(s2)`` passed as ``1 / sqrt(s2)``, so
+        ``Normal(0, pm.math.sqrt(s2))`` was read as a precision).
+        """
         size = self.variables[rv.name].size
         probe = pt.vector("probe", shape=(size,))
         expr = pytensor.clone_replace(var, {rv: probe.reshape(self.variables[rv.name].shape)})
         f = compile_function([probe], expr)
-        base = 1.0 + np.arange(size, dtype=float)
-        try:
-            got = np.broadcast_to(np.asarray(f(base), dtype=float), plate).ravel()
-        except ValueError:
-            return None
         fn = _STRUCTURAL[link]
-        # invert the link on the probe values: which element produced each entry
-        table = fn(base)
-        idx = np.searchsorted(np.sort(table), got)
-        order = np.argsort(table)
-        idx = np.clip(idx, 0, size - 1)
-        cand = order[idx]
-        if not np.allclose(table[cand], got, rtol=1e-12, atol=0):
-            return None
+        cand = None
+        for base in (1.5 + np.arange(size, dtype=float), 0.35 + 2.5 * np.arange(size, dtype=float)):
+            try:
+                with np.errstate(all="ignore"):
+                    got = np.broadcast_to(np.asarray(f(base), dtype=float), plate).ravel()
+            except ValueError:
+                return None
+            table = fn(base)
+            if cand is None:
+                # invert the link on the probe values: which element produced each entry
+                order = np.argsort(table)
+                idx = np.clip(np.searchsorted(table[order], got), 0, size - 1)
+                cand = order[idx]
+            if not np.allclose(table[cand], got, rtol=1e-12, atol=0):
+                return None
         return cand.astype(np.int64)
 
     def _try_split(self, rv, opname, params, y) -> bool:
@@ -544,7 +598,7 @@ class _Builder:
         opname = type(op).__name__
         leaves: dict = {}
         seen: set = set()
-        _check_elementwise_distribution(rv)
+        _check_elementwise_distribution(rv, self.latent_rvs)
         params = [lift_indexing(p) for p in params]
         for p in params:
             self._walk(p, plate, rv.name, leaves, seen)
@@ -623,6 +677,40 @@ def _label(var: Variable) -> str:
     return var.name or (type(var.owner.op).__name__ if var.owner is not None else str(var))
 
 
+def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list[np.ndarray]]:
+    """Elementwise log-density of every elementwise observed variable at three points.
+
+    The model's initial point and two points jittered by U(-1, 1) in the transformed
+    space (as ``pm.sample`` jitters its start), so that a parameter which is invalid
+    only at the initial point (``lam = b * x`` at ``b = 0``) does not count as bad data.
+    Variables whose density PyMC cannot derive are left out.
+    """
+    latents = list(model.free_RVs)
+    obs = []
+    for rv in model.observed_RVs:
+        if type(rv.owner.op).__name__ in _PARAMETER_SUPPORT:
+            continue
+        try:
+            _check_elementwise_distribution(rv, latents)  # refused with its own reason later
+        except UnsupportedModelError:
+            continue
+        obs.append(rv)
+    if not obs:
+        return {}
+    try:
+        point = model.initial_point()
+        inputs = [v for v in model.value_vars if v.name in point]
+        graphs = model.logp(vars=obs, sum=False, jacobian=False)
+        fn = compile_function(inputs, [parameter_checks_to_ninf(g) for g in graphs])
+        points = [point] + [{k: v + rng.uniform(-1.0, 1.0, np.shape(v)) for k, v in point.items()}
+                            for _ in range(2)]
+        with np.errstate(all="ignore"):
+            evals = [fn(*[np.asarray(p[v.name], dtype=v.dtype) for v in inputs]) for p in points]
+    except Exception:  # noqa: BLE001 - the factors check their own densities later
+        return {}
+    return {rv.name: [np.asarray(e[i], dtype=float) for e in evals] for i, rv in enumerate(obs)}
+
+
 def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
     """``value`` (a constant parameter or data array of ``owner``) if it has no NaN or inf.
 
@@ -633,7 +721,11 @@ def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
     value = np.asarray(value)
     if value.dtype.kind not in "fc" or np.all(np.isfinite(value)):
         return value
-    bad = ~np.isfinite(value)
+    # an infinite bound (TruncatedNormal's upper=inf) is legitimate; NaN, or inf mixed with
+    # finite entries (log of a zero covariate), is missing or broken data
+    bad = np.isnan(value) if np.all(np.isinf(value) | np.isnan(value)) else ~np.isfinite(value)
+    if not bad.any():
+        return value
     what = "NaN" if np.isnan(value).any() else "infinite values"
     where = f", first at index {np.argwhere(bad)[0].tolist()}" if value.ndim else ""
     name = f"data {var.name}" if var.name else f"a constant of shape {value.shape}"
@@ -703,14 +795,21 @@ def _conjugate_prior(opname: str, family: type, consts: list) -> np.ndarray | No
     return None
 
 
-def _check_elementwise_distribution(rv: Variable) -> None:
-    """Refuse, before its parameters are walked, a distribution that is not elementwise."""
+def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = ()) -> None:
+    """Refuse, before its parameters are walked, a distribution that is not elementwise.
+
+    A parameter that *is* one of the model's latent variables (``alpha=a`` of a
+    ``pm.Weibull``, whose symbolic parameters are not broadcast copies) is an ordinary
+    parameter, not a distribution passed as a parameter.
+    """
     op = rv.owner.op
     if isinstance(op, (CustomSymbolicDistRV, SimulatorRV)):
         return
     name = type(op).__name__
     dists = (RandomVariable, SymbolicRandomVariable)
-    if any(p.owner is not None and isinstance(p.owner.op, dists) for p in op.dist_params(rv.owner)):
+    model_rvs = set(latents)
+    if any(p.owner is not None and isinstance(p.owner.op, dists) and p not in model_rvs
+           for p in op.dist_params(rv.owner)):
         raise UnsupportedModelError(
             f"{rv.name}: {name} takes another distribution as a parameter (pm.Censored, pm.Mixture, ...); "
             "pmkjit needs an elementwise distribution whose parameters are expressions of the latents"
