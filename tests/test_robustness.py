@@ -335,3 +335,31 @@ def test_an_infinite_truncation_bound_is_not_missing_data():
     expect = stats.truncnorm(0.0, np.inf, loc=0.0, scale=5.0).logpdf(x)
     ins = tuple(np.zeros((1, 3)) for _ in f.inputs)
     np.testing.assert_allclose(f.logp(x, ins), expect, atol=1e-6)
+
+
+def test_a_latent_read_by_many_instances_is_answered_by_quadrature_not_kjit():
+    # KJIT's systematic error was added once per observation on s2 (0.26 posterior sd
+    # off here; with a Gamma prior on s2 a mean of 5.1 against quadrature's 2.57).
+    from pmkjit.fit import shares_a_latent
+
+    rng = np.random.default_rng(27)
+    y = rng.normal(0.0, 2.0, 50)
+    with pm.Model() as model:
+        s2 = pm.InverseGamma("s2", 2.0, 2.0)
+        pm.Normal("y", 0.0, pm.math.sqrt(s2), observed=y)
+    (f,) = [f for f in build_factor_graph(model).factors if f.name == "y"]
+    assert shares_a_latent(f)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)  # default method="kjit"
+    assert idata.ep.attrs["converged"]
+    assert int(np.sum(idata.ep.kjit_predictions.values)) == 0
+    q = pmkjit.ep_posterior(idata)["s2"]
+    exact = stats.invgamma(2.0 + y.size / 2, scale=2.0 + np.sum(y**2) / 2)
+    assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
+
+    # distinct inputs (a logistic regression on continuous covariates) keep their KJIT operator
+    X = rng.normal(size=(40, 2))
+    with pm.Model() as logistic:
+        w = pm.Normal("w", 0.0, 1.0, shape=2)
+        pm.Bernoulli("obs", logit_p=X @ w, observed=(X[:, 0] > 0).astype(int))
+    (g,) = [g for g in build_factor_graph(logistic).factors if g.name == "obs"]
+    assert not shares_a_latent(g)
