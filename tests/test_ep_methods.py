@@ -132,3 +132,31 @@ def test_loaded_operator_refits_on_its_memory(tmp_path):
     result = loaded(test, oracle)
     assert result.uncertain.mean() < 0.15
     np.testing.assert_allclose(site_precision(result.beliefs[0], test[0]), 1.0, rtol=0.02)
+
+
+def test_quadrature_oracle_integrates_each_distinct_input_once():
+    import pymc as pm
+
+    from pmkjit.ep.methods import FactorOracle
+    from pmkjit.graph import build_factor_graph
+
+    x = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0)
+        pm.Bernoulli("y", logit_p=w * x, observed=np.array([0, 1, 1, 0, 1, 1]))
+    (f,) = build_factor_graph(model).factors
+    rng = np.random.default_rng(3)
+    cav = Gaussian(rng.normal(size=4), np.exp(rng.normal(size=4)))
+    y = np.array([0.0, 1.0, 1.0, 0.0])
+    obs = Beta(1.0 + y, 2.0 - y)  # the Bernoulli's conjugate message to p = sigmoid(w x)
+    idx = np.array([0, 1, 0, 2, 3, 1, 1, 0])  # repeated tuples
+    msgs = (cav[idx], obs[idx])
+    oracle = FactorOracle(f, "quadrature", rng=np.random.default_rng(0))
+    calls = []
+    answer_distinct = oracle._answer
+    oracle._answer = lambda m: calls.append(len(m[0])) or answer_distinct(m)
+    got = oracle(msgs)
+    assert calls == [4] and oracle.n_calls == 8  # four integrals; eight messages answered
+    expect = answer_distinct((cav, obs))
+    np.testing.assert_array_equal(got.beliefs[0].natural, expect.beliefs[0].natural[idx])
+    np.testing.assert_array_equal(got.accepted, expect.accepted[idx])
