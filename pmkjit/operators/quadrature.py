@@ -206,7 +206,7 @@ class QuadratureOracle:
         for _ in range(_MAX_STEPS):
             if todo.size == 0:
                 break
-            U = centre[todo, None, :] + np.einsum("bij,gj->bgi", L[todo], z)
+            U = centre[todo, None, :] + z @ np.swapaxes(L[todo], 1, 2)
             lt, _bad = log_target(U, idx[todo])
             alive = np.isfinite(lt).any(axis=1)  # an all-zero grid gives no direction: refuse
             best = np.argmax(lt, axis=1)
@@ -288,7 +288,7 @@ class QuadratureOracle:
         k = sub.size
         width = np.max(hi[sub] - lo[sub], axis=1)
         z = _grid(lo[sub], hi[sub], n)  # (k, G, d)
-        U = centre[sub, None, :] + np.einsum("bij,bgj->bgi", L[sub], z)
+        U = centre[sub, None, :] + z @ np.swapaxes(L[sub], 1, 2)
         lt, bad = log_target(U, idx[sub])
         peak = np.max(lt, axis=1, keepdims=True)
         alive = np.isfinite(peak[:, 0])
@@ -323,16 +323,16 @@ class QuadratureOracle:
         w_half = w.reshape((r.size,) + (n,) * d)[half].reshape(r.size, -1)
         mass, mass_half = np.sum(w, axis=1), np.sum(w_half, axis=1)
         T_all = [np.where(w[..., None] > 0, T, 0.0) for T in self._statistics(U[r])]  # zero weight: maybe off the support
-        mean = np.stack([np.einsum("bg,bgk->bk", w, T) for T in T_all]) / mass[:, None]  # (n_vars, r, 2)
+        mean = np.stack([_weighted_sum(w, T) for T in T_all]) / mass[:, None]  # (n_vars, r, 2)
         mean_half = np.stack([
-            np.einsum("bg,bgk->bk", w_half, T.reshape((r.size,) + (n,) * d + (2,))[half].reshape(r.size, -1, 2))
+            _weighted_sum(w_half, T.reshape((r.size,) + (n,) * d + (2,))[half].reshape(r.size, -1, 2))
             for T in T_all]) / mass_half[:, None]
         # Scale of each statistic: |E T| + E|T - E T| / 1000. The mean absolute deviation is
         # at most 2 |E T| for a statistic of one sign (Beta's log x, far below 0 or tiny), so
         # those are held to relative accuracy -- a Beta projection needs it -- while a mean
         # that is zero by symmetry is measured on its spread. (The sd would not do: it can
         # exceed a tiny E[log x] by dozens of orders of magnitude.)
-        mad = np.stack([np.einsum("bg,bgk->bk", w, np.abs(T - m[:, None, :])) for T, m in zip(T_all, mean)])
+        mad = np.stack([_weighted_sum(w, np.abs(T - m[:, None, :])) for T, m in zip(T_all, mean)])
         scale = np.abs(mean) + 1e-3 * mad / mass[:, None]  # (n_vars, r, 2)
 
         # 1. The window must also hold the statistics' mass: w |T| at an edge, relative to
@@ -476,6 +476,11 @@ class QuadratureOracle:
         return log_target
 
 
+
+def _weighted_sum(w: np.ndarray, T: np.ndarray) -> np.ndarray:
+    """``sum_g w[b, g] T[b, g, :]``: a batched matrix product (3-4x faster than einsum here)."""
+    return np.matmul(w[:, None, :], T)[:, 0, :]
+
 def _grid(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
     """Tensor grids ``(b, n**d, d)`` with ``n`` uniform nodes per axis on ``[lo, hi]`` (each ``(b, d)``)."""
     t = np.linspace(0.0, 1.0, n)
@@ -506,6 +511,6 @@ def _moments(U: np.ndarray, logw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         lw = logw - np.max(logw, axis=1, keepdims=True)
         w = np.exp(lw)
     w /= np.sum(w, axis=1, keepdims=True)
-    mean = np.einsum("bg,bgi->bi", w, U)
+    mean = _weighted_sum(w, U)
     D = U - mean[:, None, :]
     return mean, np.einsum("bg,bgi,bgj->bij", w, D, D)
