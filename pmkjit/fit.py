@@ -264,6 +264,12 @@ def shares_a_latent(factor, min_instances: int = _SHARED_INSTANCES) -> bool:
     return False
 
 
+def _method_label(kjit, oracle) -> str:
+    if isinstance(oracle, _NoOracle):
+        return "semi-analytic"
+    return f"kjit ({oracle.kind} oracle)" if kjit is not None else oracle.kind
+
+
 class _NoOracle:
     """Stands in the per-factor oracle list for semi-analytic factors (never called)."""
 
@@ -353,6 +359,10 @@ def _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, ti
         **{f"seconds_{k}": float(v) for k, v in timings.items()},
         "factor_graph": graph.summary(),
         "weights": "; ".join(f"{f.name}: {f.density_source}" for f in graph.factors),
+        # how each factor's messages were computed, e.g. "y: quadrature" for a factor whose
+        # instances share a latent under method="kjit"
+        "factor_methods": "; ".join(
+            f"{f.name}: {_method_label(k, o)}" for f, k, o in zip(graph.factors, kjits, oracles)),
     }
     for v in graph.element_variables:
         data[f"natural__{v.name}"] = ((f"{v.name}__element", "natural_param"),

@@ -352,6 +352,7 @@ def test_a_latent_read_by_many_instances_is_answered_by_quadrature_not_kjit():
     idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)  # default method="kjit"
     assert idata.ep.attrs["converged"]
     assert int(np.sum(idata.ep.kjit_predictions.values)) == 0
+    assert "y: quadrature" in idata.ep.attrs["factor_methods"]
     q = pmkjit.ep_posterior(idata)["s2"]
     exact = stats.invgamma(2.0 + y.size / 2, scale=2.0 + np.sum(y**2) / 2)
     assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
