@@ -267,27 +267,30 @@ class QuadratureOracle:
             todo = np.flatnonzero(~done)
             if todo.size == 0:
                 break
-            width = np.max(hi[todo] - lo[todo], axis=1)
-            # keep the node spacing of the ±12 window as it widens (up to a cap), then refine
+            width = hi[todo] - lo[todo]  # (t, d)
+            # keep the node spacing of the ±12 window as it widens (up to a cap), then refine;
+            # per axis, so that a tail widening one axis does not multiply the other's nodes
             base = np.ceil((self.n_nodes - 1) / 2 * np.minimum(width / (2 * _WINDOW), _MAX_GROWTH[d])).astype(int)
-            n_entry = 2 * base * 2 ** refine[todo] + 1  # odd: every other node is a grid too
-            for n in np.unique(n_entry):
-                grp = todo[n_entry == n]
-                per = max(1, _MAX_POINTS // int(n) ** d)
+            n_entry = 2 * base * 2 ** refine[todo, None] + 1  # odd: every other node is a grid too
+            shapes, which = np.unique(n_entry, axis=0, return_inverse=True)
+            for j, ns in enumerate(shapes):
+                grp = todo[which.ravel() == j]
+                ns = tuple(int(v) for v in ns)
+                per = max(1, _MAX_POINTS // int(np.prod(ns)))
                 for s in range(0, grp.size, per):
                     sub = grp[s : s + per]
-                    self._final_step(log_target, idx, sub, int(n), centre, L, lo, hi, refine, n_ext, scanned,
+                    self._final_step(log_target, idx, sub, ns, centre, L, lo, hi, refine, n_ext, scanned,
                                      prior_mean, prior_sd, stats, done, fine, n_final)
         fine &= done & np.isfinite(stats[..., :2]).all(axis=(0, 2))
         return stats, fine, n_final
 
-    def _final_step(self, log_target, idx, sub, n, centre, L, lo, hi, refine, n_ext, scanned,
+    def _final_step(self, log_target, idx, sub, ns, centre, L, lo, hi, refine, n_ext, scanned,
                     prior_mean, prior_sd, stats, done, fine, n_final):
-        """One trapezoid evaluation of entries ``sub`` on ``n`` nodes per axis; updates the state in place."""
+        """One trapezoid evaluation of entries ``sub`` on ``ns[j]`` nodes along axis ``j``; updates the state in place."""
         d = centre.shape[1]
         k = sub.size
-        width = np.max(hi[sub] - lo[sub], axis=1)
-        z = _grid(lo[sub], hi[sub], n)  # (k, G, d)
+        width = hi[sub] - lo[sub]  # (k, d)
+        z = _grid(lo[sub], hi[sub], ns)  # (k, G, d)
         U = centre[sub, None, :] + z @ np.swapaxes(L[sub], 1, 2)
         lt, bad = log_target(U, idx[sub])
         peak = np.max(lt, axis=1, keepdims=True)
@@ -295,11 +298,11 @@ class QuadratureOracle:
         with np.errstate(invalid="ignore", under="ignore"):
             rel = np.where(alive[:, None], lt - peak, -np.inf)  # log weight relative to the peak
             w = np.exp(rel)
-        grid_shape = (k,) + (n,) * d
+        grid_shape = (k,) + ns
         heavy = rel.reshape(grid_shape) > _EDGE_LOG_WEIGHT
         # unevaluable nodes next to real mass make the answer unreliable
         near_bad = _dilate(bad.reshape(grid_shape))
-        spacing_ok = width / (n - 1) <= _MAX_SPACING
+        spacing_ok = np.all(width / (np.asarray(ns) - 1) <= _MAX_SPACING, axis=1)
         reliable = alive & spacing_ok & ~np.any((near_bad & heavy).reshape(k, -1), axis=1)
         push_lo = np.stack([np.take(heavy, 0, axis=1 + j).reshape(k, -1).any(1) for j in range(d)], 1)
         push_hi = np.stack([np.take(heavy, -1, axis=1 + j).reshape(k, -1).any(1) for j in range(d)], 1)
@@ -320,12 +323,12 @@ class QuadratureOracle:
         sel = sub[r]
         w = w[r]
         half = (slice(None),) + (slice(None, None, 2),) * d  # every other node along each axis
-        w_half = w.reshape((r.size,) + (n,) * d)[half].reshape(r.size, -1)
+        w_half = w.reshape((r.size,) + ns)[half].reshape(r.size, -1)
         mass, mass_half = np.sum(w, axis=1), np.sum(w_half, axis=1)
         T_all = [np.where(w[..., None] > 0, T, 0.0) for T in self._statistics(U[r])]  # zero weight: maybe off the support
         mean = np.stack([_weighted_sum(w, T) for T in T_all]) / mass[:, None]  # (n_vars, r, 2)
         mean_half = np.stack([
-            _weighted_sum(w_half, T.reshape((r.size,) + (n,) * d + (2,))[half].reshape(r.size, -1, 2))
+            _weighted_sum(w_half, T.reshape((r.size,) + ns + (2,))[half].reshape(r.size, -1, 2))
             for T in T_all]) / mass_half[:, None]
         # Scale of each statistic: |E T| + E|T - E T| / 1000. The mean absolute deviation is
         # at most 2 |E T| for a statistic of one sign (Beta's log x, far below 0 or tiny), so
@@ -340,7 +343,7 @@ class QuadratureOracle:
         with np.errstate(divide="ignore", under="ignore"):
             share = np.max(np.stack([w[..., None] * np.abs(T) / (mass[:, None, None] * scale[v][:, None, :])
                                      for v, T in enumerate(T_all)]), axis=(0, 3))  # (r, G)
-        heavy_T = share.reshape((r.size,) + (n,) * d) > np.exp(_EDGE_LOG_WEIGHT)
+        heavy_T = share.reshape((r.size,) + ns) > np.exp(_EDGE_LOG_WEIGHT)
         t_lo = np.stack([np.take(heavy_T, 0, axis=1 + j).reshape(r.size, -1).any(1) for j in range(d)], 1)
         t_hi = np.stack([np.take(heavy_T, -1, axis=1 + j).reshape(r.size, -1).any(1) for j in range(d)], 1)
         t_push = (t_lo | t_hi).any(axis=1) & (n_ext[sel] < _MAX_EXTENSIONS)
@@ -356,7 +359,7 @@ class QuadratureOracle:
             if check.any():
                 c = np.flatnonzero(check)
                 scanned[sel[c]] = True
-                h_u = width[r[c]] / (n - 1) * L[sel[c], 0, 0]
+                h_u = width[r[c], 0] / (ns[0] - 1) * L[sel[c], 0, 0]
                 log_norm = peak[r[c], 0] + np.log(mass[c] * h_u)  # log of the window's integral
                 status, new_lo, new_hi = self._scan_1d(log_target, idx, sel[c], centre, L, lo, hi, prior_mean,
                                                        prior_sd, log_norm, scale[:, c])
@@ -481,16 +484,19 @@ def _weighted_sum(w: np.ndarray, T: np.ndarray) -> np.ndarray:
     """``sum_g w[b, g] T[b, g, :]``: a batched matrix product (3-4x faster than einsum here)."""
     return np.matmul(w[:, None, :], T)[:, 0, :]
 
-def _grid(lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
-    """Tensor grids ``(b, n**d, d)`` with ``n`` uniform nodes per axis on ``[lo, hi]`` (each ``(b, d)``)."""
-    t = np.linspace(0.0, 1.0, n)
-    axes = lo[:, :, None] + (hi - lo)[:, :, None] * t  # (b, d, n)
-    d = lo.shape[1]
+def _grid(lo: np.ndarray, hi: np.ndarray, n: int | tuple[int, ...]) -> np.ndarray:
+    """Tensor grids ``(b, prod(n), d)`` with ``n[j]`` uniform nodes along axis ``j`` on ``[lo, hi]`` (each ``(b, d)``).
+
+    An int ``n`` means ``n`` nodes on every axis.
+    """
+    b, d = lo.shape
+    ns = (int(n),) * d if np.ndim(n) == 0 else tuple(int(v) for v in n)
+    axes = [lo[:, j, None] + (hi - lo)[:, j, None] * np.linspace(0.0, 1.0, ns[j]) for j in range(d)]  # (b, n_j)
     if d == 1:
-        return axes.swapaxes(1, 2)
-    a0 = np.broadcast_to(axes[:, 0, :, None], (lo.shape[0], n, n))
-    a1 = np.broadcast_to(axes[:, 1, None, :], (lo.shape[0], n, n))
-    return np.stack([a0, a1], axis=-1).reshape(lo.shape[0], n * n, 2)
+        return axes[0][:, :, None]
+    a0 = np.broadcast_to(axes[0][:, :, None], (b,) + ns)
+    a1 = np.broadcast_to(axes[1][:, None, :], (b,) + ns)
+    return np.stack([a0, a1], axis=-1).reshape(b, ns[0] * ns[1], 2)
 
 
 def _dilate(mask: np.ndarray) -> np.ndarray:
