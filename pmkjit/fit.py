@@ -256,7 +256,11 @@ def shares_a_latent(factor, min_instances: int = _SHARED_INSTANCES) -> bool:
         if isinstance(slot, ElementSlot):
             keys = slot.index.reshape(slot.size, -1)
         elif isinstance(slot, LinearSlot):
-            keys = np.column_stack([np.asarray(slot.A).reshape(slot.size, -1), slot.c])
+            # one random projection per row: equal rows give equal keys, and sorting B
+            # numbers is cheap where A (B x n_theta) may be hundreds of megabytes
+            A = np.asarray(slot.A).reshape(slot.size, -1)
+            r = np.random.default_rng(0).standard_normal(A.shape[1] + 1)  # fixed: a hash, not a draw
+            keys = (A @ r[:-1] + slot.c * r[-1])[:, None]
         else:
             continue
         if slot.size >= min_instances and np.unique(keys, axis=0, return_counts=True)[1].max() >= min_instances:

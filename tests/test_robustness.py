@@ -357,6 +357,13 @@ def test_a_latent_read_by_many_instances_is_answered_by_quadrature_not_kjit():
     exact = stats.invgamma(2.0 + y.size / 2, scale=2.0 + np.sum(y**2) / 2)
     assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
 
+    # a Gaussian-block scalar read by every instance (one projection repeated) is shared too
+    with pm.Model() as scale_model:
+        log_s = pm.Normal("log_s", 0.0, 1.0)
+        pm.StudentT("t", nu=4.0, mu=0.0, sigma=pm.math.exp(log_s), observed=y)
+    (h,) = [h for h in build_factor_graph(scale_model).factors if h.name == "t"]
+    assert shares_a_latent(h)
+
     # distinct inputs (a logistic regression on continuous covariates) keep their KJIT operator
     X = rng.normal(size=(40, 2))
     with pm.Model() as logistic:
