@@ -299,6 +299,36 @@ def test_bad_arguments():
         pmkjit.fit(model=model, damping=0.0)
 
 
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"max_sweeps": 0}, "max_sweeps"),  # was an IndexError after the (empty) sweep loop
+        ({"draws": -1}, "draws"),  # was numpy's "negative dimensions are not allowed"
+        ({"draws": 0}, "draws"),  # was an empty posterior that ArviZ cannot summarise
+        ({"chains": 0}, "chains"),
+        ({"draws": 1.5}, "draws"),
+        ({"tol": -1.0}, "tol"),  # was accepted: EP could never converge
+        ({"tol": float("nan")}, "tol"),
+        ({"n_importance_samples": 0}, "n_importance_samples"),
+        ({"random_seed": -1}, "random_seed"),
+        ({"random_seed": 1.5}, "random_seed"),
+    ],
+)
+def test_bad_counts_and_seeds_are_refused_naming_the_argument(kwargs, name):
+    model, _, _ = logistic_model(10, N=20)
+    with pytest.raises((ValueError, TypeError), match=name):
+        pmkjit.fit(model=model, progressbar=False, **kwargs)
+
+
+def test_one_sweep_one_chain_one_draw():
+    model, _, _ = logistic_model(10, N=20)
+    with pytest.warns(pmkjit.EPNotConvergedWarning, match="1 sweeps"):
+        idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, max_sweeps=1, draws=1, chains=1)
+    assert idata.posterior["w"].shape == (1, 1, 2)
+    assert idata.log_likelihood["y"].shape == (1, 1, 20)
+    assert idata.ep.attrs["converged"] == 0 and idata.ep.attrs["sweeps"] == 1
+
+
 def test_normal_with_latent_scale_is_semi_analytic_and_matches_grid():
     rng = np.random.default_rng(12)
     x = rng.normal(size=60)
