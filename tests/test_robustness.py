@@ -418,3 +418,27 @@ def test_simulators_with_different_functions_do_not_share_an_operator():
 
     assert key(normal) != key(laplace)
     assert key(normal) == key(normal)
+
+
+def test_a_latent_custom_dist_without_a_sampler_is_refused_and_with_one_is_exact():
+    # a latent CustomDist with only logp= crashed mid-fit with PyMC's NotImplementedError
+    # (raised inside a PyTensor thunk) when EP drew forward samples of its prior
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=60)
+    y = 0.8 * x + 0.5 * rng.normal(size=60)
+
+    def logp(v, mu):
+        return pm.logp(pm.Normal.dist(mu, 1.0), v)
+
+    with pm.Model() as model:
+        b = pm.CustomDist("b", 0.0, logp=logp)
+        pm.Normal("y", b * x, 0.5, observed=y)
+    with pytest.raises(UnsupportedModelError, match=r"b: a latent pm.CustomDist needs a forward sampler"):
+        pmkjit.fit(model=model, progressbar=False)
+    with pm.Model() as model:
+        b = pm.CustomDist("b", 0.0, logp=logp, random=lambda mu, rng=None, size=None: rng.normal(mu, 1.0, size=size))
+        pm.Normal("y", b * x, 0.5, observed=y)
+    q = pmkjit.ep_posterior(pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10))["b"]
+    prec = 1.0 + np.sum(x**2) / 0.25  # conjugate: N(0, 1) prior, Normal likelihood
+    assert abs(q.mean()[0] - np.sum(x * y) / 0.25 / prec) < 0.02 / np.sqrt(prec)
+    assert abs(np.sqrt(q.var()[0] * prec) - 1) < 0.02

@@ -599,6 +599,13 @@ class _Builder:
         leaves: dict = {}
         seen: set = set()
         _check_elementwise_distribution(rv, self.latent_rvs)
+        if kind != "likelihood" and _has_no_random(op):
+            # EP starts a latent's prior site from forward samples (and importance sampling
+            # draws from it): PyMC's own NotImplementedError surfaced mid-fit, from PyTensor
+            raise UnsupportedModelError(
+                f"{rv.name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
+                "(give it random= or write it with dist=)"
+            )
         params = [lift_indexing(p) for p in params]
         for p in params:
             self._walk(p, plate, rv.name, leaves, seen)
@@ -928,6 +935,13 @@ def _graph_key(out: Variable, inputs: list, extra: Sequence = ()) -> str:
     for i, v in enumerate(inputs):
         text = text.replace(v.name, f"in{i}")
     return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _has_no_random(op) -> bool:
+    """A ``pm.CustomDist`` made without ``random=`` (PyMC's placeholder raises when sampled)."""
+    fn = getattr(type(op), "_random_fn", None)
+    fn = getattr(fn, "__func__", fn)
+    return getattr(fn, "__qualname__", "") == "default_not_implemented.<locals>.func"
 
 
 def _function_fingerprint(fn) -> str:
