@@ -225,6 +225,27 @@ def test_operator_store_reuse_and_corrupt_file(tmp_path):
         pmkjit.fit(model=model2, random_seed=0, progressbar=False, operators=tmp_path)
 
 
+def test_operator_file_with_a_damaged_feature_map_is_refused_naming_it(tmp_path):
+    # arrays of the right names but inconsistent shapes passed every check of the loader
+    # and failed at the first prediction with "RandomFourierFeatures was fitted on 500
+    # columns, got 3", naming no file
+    from pmkjit.operators import KJITOperator
+
+    model, _, _ = logistic_model(7, N=120)
+    pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10, operators=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    good = KJITOperator.load(path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays = {k: (v[..., :3] if k.startswith("features/") and v.ndim else v) for k, v in arrays.items()}
+    np.savez(path, **arrays)
+    with pytest.raises(OperatorFileError, match=path.name):
+        KJITOperator.load(path)
+    with pytest.raises(OperatorFileError, match=path.name):
+        pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10, operators=tmp_path)
+    assert good.regression_.coef_.shape[0] == good.features_.n_features_out_
+
+
 def test_custom_dist_and_simulator_factors():
     rng = np.random.default_rng(9)
     x = rng.normal(size=60)
