@@ -175,6 +175,54 @@ def test_same_seed_same_result():
     np.testing.assert_array_equal(a.posterior["w"].values, b.posterior["w"].values)
 
 
+def _run_identity(idata) -> dict:
+    out = {}
+    for group in ("posterior", "log_likelihood", "ep"):
+        ds = getattr(idata, group)
+        out.update({f"{group}/{k}": ds[k].values for k in ds.data_vars})
+        out.update({f"{group}@{k}": v for k, v in ds.attrs.items() if not k.startswith("seconds_")
+                    and k != "created_at"})
+    return out
+
+
+def _assert_same_run(a, b):
+    ia, ib = _run_identity(a), _run_identity(b)
+    assert ia.keys() == ib.keys()
+    for k in ia:
+        np.testing.assert_array_equal(ia[k], ib[k], err_msg=k)
+
+
+def test_seed_as_int_or_generator_reproduces_every_group():
+    model, _, _ = logistic_model(4, N=60)
+    kw = dict(model=model, progressbar=False, draws=20)
+    a = pmkjit.fit(random_seed=11, **kw)
+    _assert_same_run(a, pmkjit.fit(random_seed=11, **kw))
+    _assert_same_run(a, pmkjit.fit(random_seed=np.random.default_rng(11), **kw))
+    c = pmkjit.fit(random_seed=12, **kw)
+    assert not np.array_equal(a.posterior["w"].values, c.posterior["w"].values)
+
+
+@pytest.mark.slow
+def test_same_seed_same_result_across_processes(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, warnings; warnings.simplefilter('ignore'); sys.path.insert(0, sys.argv[2])\n"
+        "import pmkjit, test_fit\n"
+        "m, _, _ = test_fit.logistic_model(4, N=80)\n"
+        "pmkjit.fit(model=m, random_seed=11, progressbar=False, draws=50).to_netcdf(sys.argv[1])\n"
+    )
+    import os
+
+    here = os.path.dirname(__file__)
+    for i in range(2):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"{i}.nc"), here], check=True)
+    a, b = (az.from_netcdf(tmp_path / f"{i}.nc") for i in range(2))
+    _assert_same_run(a, b)
+    _assert_same_run(a, pmkjit.fit(model=logistic_model(4, N=80)[0], random_seed=11, progressbar=False, draws=50))
+
+
 def test_compound_gamma_matches_brute_force_grid():
     rng = np.random.default_rng(5)
     x = rng.normal(0.0, 0.7, size=40)
