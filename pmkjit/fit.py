@@ -125,10 +125,16 @@ def fit(
             raise ValueError(f"damping must be 'auto' or a float in (0, 1], got {damping!r}")
     elif not 0.0 < damping <= 1.0:
         raise ValueError(f"damping must be 'auto' or in (0, 1], got {damping}")
+    draws = _count("draws", draws, minimum=1)
+    chains = _count("chains", chains, minimum=1)
+    max_sweeps = _count("max_sweeps", max_sweeps, minimum=1)
+    n_importance_samples = _count("n_importance_samples", n_importance_samples, minimum=1)
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)) or not tol >= 0:
+        raise ValueError(f"tol must be a number >= 0, got {tol!r}")
     adaptive = damping == "auto"
     step = 1.0 if adaptive else float(damping)
     model = pm.modelcontext(model)
-    rng = as_generator(random_seed)
+    rng = as_generator(random_seed, "random_seed")
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
@@ -200,6 +206,13 @@ def fit(
             warnings.simplefilter("ignore")  # "ep" is not one of ArviZ's schema groups
             idata.add_groups({"ep": ep})
         return idata
+
+
+def _count(name: str, value, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``, or a ValueError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def _methods(graph, method, oracle, store, n_samples, tol, rng):

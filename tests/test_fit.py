@@ -175,6 +175,54 @@ def test_same_seed_same_result():
     np.testing.assert_array_equal(a.posterior["w"].values, b.posterior["w"].values)
 
 
+def _run_identity(idata) -> dict:
+    out = {}
+    for group in ("posterior", "log_likelihood", "ep"):
+        ds = getattr(idata, group)
+        out.update({f"{group}/{k}": ds[k].values for k in ds.data_vars})
+        out.update({f"{group}@{k}": v for k, v in ds.attrs.items() if not k.startswith("seconds_")
+                    and k != "created_at"})
+    return out
+
+
+def _assert_same_run(a, b):
+    ia, ib = _run_identity(a), _run_identity(b)
+    assert ia.keys() == ib.keys()
+    for k in ia:
+        np.testing.assert_array_equal(ia[k], ib[k], err_msg=k)
+
+
+def test_seed_as_int_or_generator_reproduces_every_group():
+    model, _, _ = logistic_model(4, N=60)
+    kw = dict(model=model, progressbar=False, draws=20)
+    a = pmkjit.fit(random_seed=11, **kw)
+    _assert_same_run(a, pmkjit.fit(random_seed=11, **kw))
+    _assert_same_run(a, pmkjit.fit(random_seed=np.random.default_rng(11), **kw))
+    c = pmkjit.fit(random_seed=12, **kw)
+    assert not np.array_equal(a.posterior["w"].values, c.posterior["w"].values)
+
+
+@pytest.mark.slow
+def test_same_seed_same_result_across_processes(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, warnings; warnings.simplefilter('ignore'); sys.path.insert(0, sys.argv[2])\n"
+        "import pmkjit, test_fit\n"
+        "m, _, _ = test_fit.logistic_model(4, N=80)\n"
+        "pmkjit.fit(model=m, random_seed=11, progressbar=False, draws=50).to_netcdf(sys.argv[1])\n"
+    )
+    import os
+
+    here = os.path.dirname(__file__)
+    for i in range(2):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / f"{i}.nc"), here], check=True)
+    a, b = (az.from_netcdf(tmp_path / f"{i}.nc") for i in range(2))
+    _assert_same_run(a, b)
+    _assert_same_run(a, pmkjit.fit(model=logistic_model(4, N=80)[0], random_seed=11, progressbar=False, draws=50))
+
+
 def test_compound_gamma_matches_brute_force_grid():
     rng = np.random.default_rng(5)
     x = rng.normal(0.0, 0.7, size=40)
@@ -223,6 +271,27 @@ def test_operator_store_reuse_and_corrupt_file(tmp_path):
     files[0].write_bytes(b"not an npz file")
     with pytest.raises(OperatorFileError, match=files[0].name):
         pmkjit.fit(model=model2, random_seed=0, progressbar=False, operators=tmp_path)
+
+
+def test_operator_file_with_a_damaged_feature_map_is_refused_naming_it(tmp_path):
+    # arrays of the right names but inconsistent shapes passed every check of the loader
+    # and failed at the first prediction with "RandomFourierFeatures was fitted on 500
+    # columns, got 3", naming no file
+    from pmkjit.operators import KJITOperator
+
+    model, _, _ = logistic_model(7, N=120)
+    pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10, operators=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    good = KJITOperator.load(path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays = {k: (v[..., :3] if k.startswith("features/") and v.ndim else v) for k, v in arrays.items()}
+    np.savez(path, **arrays)
+    with pytest.raises(OperatorFileError, match=path.name):
+        KJITOperator.load(path)
+    with pytest.raises(OperatorFileError, match=path.name):
+        pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10, operators=tmp_path)
+    assert good.regression_.coef_.shape[0] == good.features_.n_features_out_
 
 
 def test_custom_dist_and_simulator_factors():
@@ -297,6 +366,36 @@ def test_bad_arguments():
         pmkjit.fit(model=model, method="nuts")
     with pytest.raises(ValueError, match="damping"):
         pmkjit.fit(model=model, damping=0.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"max_sweeps": 0}, "max_sweeps"),  # was an IndexError after the (empty) sweep loop
+        ({"draws": -1}, "draws"),  # was numpy's "negative dimensions are not allowed"
+        ({"draws": 0}, "draws"),  # was an empty posterior that ArviZ cannot summarise
+        ({"chains": 0}, "chains"),
+        ({"draws": 1.5}, "draws"),
+        ({"tol": -1.0}, "tol"),  # was accepted: EP could never converge
+        ({"tol": float("nan")}, "tol"),
+        ({"n_importance_samples": 0}, "n_importance_samples"),
+        ({"random_seed": -1}, "random_seed"),
+        ({"random_seed": 1.5}, "random_seed"),
+    ],
+)
+def test_bad_counts_and_seeds_are_refused_naming_the_argument(kwargs, name):
+    model, _, _ = logistic_model(10, N=20)
+    with pytest.raises((ValueError, TypeError), match=name):
+        pmkjit.fit(model=model, progressbar=False, **kwargs)
+
+
+def test_one_sweep_one_chain_one_draw():
+    model, _, _ = logistic_model(10, N=20)
+    with pytest.warns(pmkjit.EPNotConvergedWarning, match="1 sweeps"):
+        idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, max_sweeps=1, draws=1, chains=1)
+    assert idata.posterior["w"].shape == (1, 1, 2)
+    assert idata.log_likelihood["y"].shape == (1, 1, 20)
+    assert idata.ep.attrs["converged"] == 0 and idata.ep.attrs["sweeps"] == 1
 
 
 def test_normal_with_latent_scale_is_semi_analytic_and_matches_grid():

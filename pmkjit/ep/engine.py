@@ -137,9 +137,43 @@ def init(graph: FactorGraph, rng: np.random.Generator, n_init: int = 4000) -> tu
             natural = Gaussian(x.mean(0), x.var(0) * 4.0).natural  # a broad start: 2 sds
         else:
             natural = fam.project(stats.mean(0), f"initial prior of {f.name}").natural
+            if f.logp is not None and not f.latent_inputs:
+                # A prior with constant parameters: if nothing else reads the latent its
+                # cavity stays flat and EP never revisits this site, so the Monte Carlo
+                # projection's error (~1% of the mean) would remain. Quadrature, with the
+                # Monte Carlo projection as its frame, gives the exact projection.
+                natural = _project_prior_by_quadrature(f, fam, natural)
         sites[fi][-1] = natural
         state = _posterior(graph, prior, sites, jitter=True)
     return _posterior(graph, prior, sites, jitter=False, strict=True), prior
+
+
+def _project_prior_by_quadrature(f, fam, natural: np.ndarray) -> np.ndarray:
+    """KL projection of a data-only prior factor's density, by quadrature on ``fam(natural)``.
+
+    Returns ``natural`` unchanged where the quadrature is not finite or not proper.
+    """
+    frame = fam.from_natural(natural)
+    u, w = frame.unconstrained_quadrature()  # (B, n)
+    with np.errstate(all="ignore"):
+        x = fam.from_unconstrained(u)
+        ins = tuple(np.broadcast_to(s.values, (u.shape[1], s.size)) for s in f.inputs)
+        log_p = f.logp(np.ascontiguousarray(x.T), ins).T + fam.log_abs_det_jacobian(u)
+        log_r = log_p - frame.logpdf_unconstrained(u)
+        log_r = np.where(w > 0, log_r, -np.inf)
+        r = w * np.exp(log_r - np.max(log_r, axis=-1, keepdims=True))
+        r = r / np.sum(r, axis=-1, keepdims=True)
+        ess = np.einsum("bn,bnk->bk", r, fam.sufficient_statistics_unconstrained(u))
+    ok = np.isfinite(ess).all(axis=-1)
+    if not ok.any():
+        return natural
+    try:
+        exact = fam.project(np.where(ok[:, None], ess, fam.from_natural(natural).expected_sufficient_statistics()),
+                            f"initial prior of {f.name}").natural
+    except ValueError:  # an improper projection (ImproperMessageError): keep the Monte Carlo one
+        return natural
+    good = ok & fam.from_natural(exact).is_proper()
+    return np.where(good[:, None], exact, natural)
 
 
 def _posterior(graph: FactorGraph, prior: _Prior, sites, *, jitter: bool, strict: bool = False) -> EPState:

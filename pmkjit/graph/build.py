@@ -599,6 +599,13 @@ class _Builder:
         leaves: dict = {}
         seen: set = set()
         _check_elementwise_distribution(rv, self.latent_rvs)
+        if kind != "likelihood" and _has_no_random(op):
+            # EP starts a latent's prior site from forward samples (and importance sampling
+            # draws from it): PyMC's own NotImplementedError surfaced mid-fit, from PyTensor
+            raise UnsupportedModelError(
+                f"{rv.name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
+                "(give it random= or write it with dist=)"
+            )
         params = [lift_indexing(p) for p in params]
         for p in params:
             self._walk(p, plate, rv.name, leaves, seen)
@@ -622,12 +629,19 @@ class _Builder:
             return np.asarray(_f(*[np.ravel(a) for a in ins]), dtype=float).reshape(shape)
 
         logp, source = None, "pymc"
+        # The key must tell apart factors that sample alike but weigh differently: two
+        # ``pm.CustomDist(logp=...)`` with different log-densities have the same sampling
+        # graph, and an operator learned on one was silently reused for the other.
+        key_extra: list = []
         if isinstance(op, SimulatorRV):
             source = "abc-kernel"
+            key_extra.append(_simulator_fingerprint(op))
         else:
             try:
                 value = pt.vector("value", dtype=rv.dtype)
-                logp_fn = compile_function([value, *inputs], parameter_checks_to_ninf(pm.logp(new_rv, value)))
+                logp_graph = pm.logp(new_rv, value)
+                key_extra.append(logp_graph)
+                logp_fn = compile_function([value, *inputs], parameter_checks_to_ninf(logp_graph))
 
                 def logp(x, ins, _f=logp_fn, _dtype=rv.dtype):
                     shape = np.shape(x)
@@ -636,7 +650,7 @@ class _Builder:
                     return np.asarray(_f(xs, *flat), dtype=float).reshape(shape)
             except NotImplementedError:
                 source = "abc-kernel"
-        key_graph = _graph_key(new_rv, inputs)
+        key_graph = _graph_key(new_rv, inputs, extra=key_extra)
         self._check_sizes(rv.name, slots, B)
         if source == "abc-kernel":
             if kind != "likelihood":
@@ -904,9 +918,16 @@ def _describe(g: Variable) -> str:
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def _graph_key(out: Variable, inputs: list) -> str:
-    """A hash of the graph's structure (ops and constants), independent of names."""
+def _graph_key(out: Variable, inputs: list, extra: Sequence = ()) -> str:
+    """A hash of the graph's structure (ops and constants), independent of names.
+
+    ``extra``: further graphs (the factor's log-density) or strings (a simulator's
+    fingerprint) that distinguish factors with the same sampling graph.
+    """
     text = pytensor.printing.debugprint(out, file="str", print_type=True, id_type="")
+    for e in extra:
+        text += "\n" + (e if isinstance(e, str) else pytensor.printing.debugprint(e, file="str", print_type=True,
+                                                                                  id_type=""))
     # a random variable's generator prints with its memory address ("RNG(<Generator(PCG64)
     # at 0x7f...>)"), different in every model and process: without this the key changed
     # with every fit and stored operators of sampled factors were never found again
@@ -914,6 +935,41 @@ def _graph_key(out: Variable, inputs: list) -> str:
     for i, v in enumerate(inputs):
         text = text.replace(v.name, f"in{i}")
     return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _has_no_random(op) -> bool:
+    """A ``pm.CustomDist`` made without ``random=`` (PyMC's placeholder raises when sampled)."""
+    fn = getattr(type(op), "_random_fn", None)
+    fn = getattr(fn, "__func__", fn)
+    return getattr(fn, "__qualname__", "") == "default_not_implemented.<locals>.func"
+
+
+def _function_fingerprint(fn) -> str:
+    """The code, constants, defaults and closure values of a Python function (best effort)."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return repr(fn)
+    cells = []
+    for c in fn.__closure__ or ():
+        try:
+            cells.append(repr(c.cell_contents))
+        except ValueError:  # an empty cell
+            cells.append("<empty>")
+    return "|".join([getattr(fn, "__module__", "") or "", fn.__qualname__, code.co_code.hex(), repr(code.co_consts),
+                     repr(code.co_names), repr(getattr(fn, "__defaults__", None)), *cells])
+
+
+def _simulator_fingerprint(op) -> str:
+    """What makes one ``pm.Simulator`` differ from another with the same parameter graph."""
+    parts = [_function_fingerprint(op.fn)]
+    for attr in ("distance", "sum_stat"):
+        v = getattr(op, attr, None)
+        parts.append(v if isinstance(v, str) else _function_fingerprint(v) if callable(v) else repr(v))
+    eps = getattr(op, "epsilon", None)
+    eps = getattr(eps, "data", eps)
+    parts.append(repr(np.asarray(eps).tolist()) if eps is not None else "None")
+    return _ADDRESS.sub("", "simulator:" + "|".join(parts))
 
 
 def _abc_bandwidth(op, observed: np.ndarray) -> float:

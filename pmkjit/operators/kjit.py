@@ -650,11 +650,19 @@ class KJITOperator:
             if not (np.isfinite(op.regression_.coef_).all() and np.isfinite(op.thresholds_).all()
                     and np.isfinite(op.memory_).all()):
                 raise OperatorFileError(f"{path}: non-finite weights, thresholds or memory")
+            if len(op.memory_):
+                # the feature map's own arrays must fit together: run it on one remembered
+                # message tuple (a damaged map failed only at the first prediction, mid-fit,
+                # with an error that did not name the file)
+                msgs, _ = unpack_answers(op.memory_[:1], op.families, [op.families[t] for t in op.targets])
+                phi = op.features_.transform(msgs)
+                if phi.shape != (1, op.features_.n_features_out_) or not np.isfinite(phi).all():
+                    raise OperatorFileError(f"{path}: the feature map gives features of shape {phi.shape}")
         except OperatorFileError:
             raise
         except KeyError as exc:
             raise OperatorFileError(f"{path} is missing entry {exc.args[0]!r}") from exc
-        except (ValueError, TypeError, IndexError, np.linalg.LinAlgError) as exc:
+        except (ValueError, TypeError, IndexError, AttributeError, np.linalg.LinAlgError) as exc:
             raise OperatorFileError(f"{path} is corrupt: {exc}") from exc
         return op
 
