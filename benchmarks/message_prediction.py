@@ -220,7 +220,7 @@ def variance_precision_check(op: KJITOperator, test) -> dict:
     threshold = op.current_thresholds()
     changed = (v32 > threshold).any(axis=1) != (v64 > threshold).any(axis=1)
     return {
-        "single_precision_used": op.regression_._R32 is not None,
+        "single_precision_used": op.regression_.single_precision_factor() is not None,
         "condition_number_R": float(np.linalg.cond(op.regression_.R_)),
         "max_relative_error": float(np.max(np.abs(v32 - v64) / v64)),
         "median_relative_error": float(np.median(np.abs(v32 - v64) / v64)),

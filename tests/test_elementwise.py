@@ -219,7 +219,7 @@ def test_single_precision_variance_matches_double(small_operator, monkeypatch):
     rng = np.random.default_rng(9)
     y = rng.integers(0, 2, 500).astype(float)
     msgs = (Gaussian(rng.normal(0, 2, 500), np.exp(rng.uniform(-2, 2, 500))), Beta(1 + y, 2 - y))
-    assert op.variance_precision == "auto" and op.regression_._R32 is not None
+    assert op.variance_precision == "auto" and op.regression_.single_precision_factor() is not None
     (b32,), v32 = op.predict(msgs)
     monkeypatch.setattr(op, "variance_precision", "double")
     (b64,), v64 = op.predict(msgs)

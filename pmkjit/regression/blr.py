@@ -186,20 +186,24 @@ class BayesianLinearRegression:
         self.log_evidence_ = -0.5 * n * (np.log(2 * np.pi * self.noise_var_) + 1.0) - 0.5 * (
             logdet - D * np.log(self.regularization_)
         )
-        self._R32 = self._single_precision_factor()
+        self._R32_stale = True  # R changed: the float32 copy is derived again when asked for
 
-    def _single_precision_factor(self) -> np.ndarray | None:
-        """``R`` in float32 when its condition number keeps a float32 leverage accurate.
+    def single_precision_factor(self) -> np.ndarray | None:
+        """``R`` in float32 when its condition number keeps a float32 leverage accurate, else None.
 
         The leverage only scales the epistemic variance that is compared with an
         oracle threshold, so a relative error of a few per cent at worst is harmless,
         and float32 halves the cost of the triangular solve that dominates a batched
-        prediction. LAPACK's ``trcon`` estimates cond(R) in O(D^2).
+        prediction. LAPACK's ``trcon`` estimates cond(R) in O(D^2); the answer is kept
+        until ``R`` changes, and only models asked for ``precision="auto"`` pay for it.
         """
-        rcond, info = lapack.dtrcon(self.R_, norm="1", uplo="U", diag="N")
-        if info != 0 or not rcond * _LEVERAGE_RTOL >= np.finfo(np.float32).eps:
-            return None
-        return np.asfortranarray(self.R_, dtype=np.float32)
+        self._check_fitted()
+        if getattr(self, "_R32_stale", True):
+            rcond, info = lapack.dtrcon(self.R_, norm="1", uplo="U", diag="N")
+            ok = info == 0 and rcond * _LEVERAGE_RTOL >= np.finfo(np.float32).eps
+            self._R32 = np.asfortranarray(self.R_, dtype=np.float32) if ok else None
+            self._R32_stale = False
+        return self._R32
 
     # --------------------------------------------------------------- prediction
     def predict(
@@ -257,10 +261,11 @@ class BayesianLinearRegression:
         if precision not in ("double", "auto"):
             raise ValueError(f"precision must be 'double' or 'auto', got {precision!r}")
         Phi = np.asarray(Phi, dtype=float)
-        if precision == "auto" and getattr(self, "_R32", None) is not None:
+        R32 = self.single_precision_factor() if precision == "auto" else None
+        if R32 is not None:
             P32 = Phi.astype(np.float32)  # a private copy: strsm overwrites it
             # P32.T of a C-ordered array is Fortran-ordered: trsm reads it without a copy.
-            V = blas.strsm(1.0, self._R32, P32.T, side=0, lower=0, trans_a=1, overwrite_b=1)
+            V = blas.strsm(1.0, R32, P32.T, side=0, lower=0, trans_a=1, overwrite_b=1)
             return np.einsum("dn,dn->n", V, V, dtype=np.float64)
         overwrite = overwrite and Phi.flags.c_contiguous
         V = blas.dtrsm(1.0, self.R_, Phi.T, side=0, lower=0, trans_a=1, overwrite_b=int(overwrite))
