@@ -289,18 +289,22 @@ def test_observations_at_the_edge_of_the_support_are_kept():
     np.testing.assert_allclose([q.mean()[0], q.var()[0]], [exact.mean(), exact.var()], rtol=1e-10)
 
 
-def test_a_power_of_a_scalar_latent_is_not_read_as_the_latent_or_its_precision():
-    # probes at 1 (a fixed point of every power) read Normal(0, sqrt(s2)) as the conjugate
-    # precision form (posterior mean of s2 0.40 instead of 2.78) and sigma=s**2 as sigma=s
-    rng = np.random.default_rng(0)
-    y = rng.normal(0.0, 2.0, 50)
+def _latent_variance_model(seed: int):
+    """``s2 ~ InverseGamma(2, 2)``, ``y ~ N(0, sqrt(s2))`` (N = 50), and s2's exact posterior."""
+    y = np.random.default_rng(seed).normal(0.0, 2.0, 50)
     with pm.Model() as model:
         s2 = pm.InverseGamma("s2", 2.0, 2.0)
         pm.Normal("y", 0.0, pm.math.sqrt(s2), observed=y)
+    return model, y, stats.invgamma(2.0 + y.size / 2, scale=2.0 + np.sum(y**2) / 2)
+
+
+def test_a_power_of_a_scalar_latent_is_not_read_as_the_latent_or_its_precision():
+    # probes at 1 (a fixed point of every power) read Normal(0, sqrt(s2)) as the conjugate
+    # precision form (posterior mean of s2 0.40 instead of 2.78) and sigma=s**2 as sigma=s
+    model, y, exact = _latent_variance_model(seed=0)
     assert not build_factor_graph(model).element_sites  # not conjugate in s2
     idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, method="quadrature", draws=10)
     q = pmkjit.ep_posterior(idata)["s2"]
-    exact = stats.invgamma(2.0 + y.size / 2, scale=2.0 + np.sum(y**2) / 2)
     assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
     assert 0.85 < np.sqrt(q.var()[0]) / exact.std() < 1.15
     with pm.Model() as squared:
@@ -342,11 +346,7 @@ def test_a_latent_read_by_many_instances_is_answered_by_quadrature_not_kjit():
     # off here; with a Gamma prior on s2 a mean of 5.1 against quadrature's 2.57).
     from pmkjit.fit import shares_a_latent
 
-    rng = np.random.default_rng(27)
-    y = rng.normal(0.0, 2.0, 50)
-    with pm.Model() as model:
-        s2 = pm.InverseGamma("s2", 2.0, 2.0)
-        pm.Normal("y", 0.0, pm.math.sqrt(s2), observed=y)
+    model, y, exact = _latent_variance_model(seed=27)
     (f,) = [f for f in build_factor_graph(model).factors if f.name == "y"]
     assert shares_a_latent(f)
     idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)  # default method="kjit"
@@ -354,7 +354,6 @@ def test_a_latent_read_by_many_instances_is_answered_by_quadrature_not_kjit():
     assert int(np.sum(idata.ep.kjit_predictions.values)) == 0
     assert "y: quadrature" in idata.ep.attrs["factor_methods"]
     q = pmkjit.ep_posterior(idata)["s2"]
-    exact = stats.invgamma(2.0 + y.size / 2, scale=2.0 + np.sum(y**2) / 2)
     assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
 
     # a Gaussian-block scalar read by every instance (one projection repeated) is shared too
@@ -365,7 +364,7 @@ def test_a_latent_read_by_many_instances_is_answered_by_quadrature_not_kjit():
     assert shares_a_latent(h)
 
     # distinct inputs (a logistic regression on continuous covariates) keep their KJIT operator
-    X = rng.normal(size=(40, 2))
+    X = np.random.default_rng(28).normal(size=(40, 2))
     with pm.Model() as logistic:
         w = pm.Normal("w", 0.0, 1.0, shape=2)
         pm.Bernoulli("obs", logit_p=X @ w, observed=(X[:, 0] > 0).astype(int))
