@@ -470,3 +470,41 @@ def test_a_latent_read_only_by_its_prior_gets_the_exact_projection_of_the_prior(
                 e_log = integrate.quad(lambda x: np.log(x) * d.pdf(x), 0, np.inf)[0]
                 assert ess[j, 0] == pytest.approx(e_log, abs=1e-5)
                 assert ess[j, 1] == pytest.approx(d.mean(), rel=1e-5)
+
+
+def _scale_and_rate_model(**transform):
+    """A HalfNormal scale and a Uniform(0, 1) rate, each read by three observations."""
+    with pm.Model() as model:
+        s = pm.HalfNormal("s", 1.0, **transform)
+        p = pm.Uniform("p", 0.0, 1.0, **transform)
+        pm.Normal("y", 0.0, s, observed=np.array([0.3, -0.8, 0.1]))
+        pm.Bernoulli("k", p, observed=np.array([1, 0, 1]))
+    return model
+
+
+@pytest.mark.parametrize("transform", [{"transform": None}, {"default_transform": None}])
+def test_a_positive_or_unit_latent_without_its_transform_keeps_its_family(transform):
+    # pm.HalfNormal("s", transform=None) was read as a real-valued latent: a Gaussian
+    # message on a scale (posterior draws of s below 0) and on a probability
+    model = _scale_and_rate_model(**transform)
+    graph = build_factor_graph(model)
+    assert graph.variables["s"].family.name == "Gamma"
+    assert graph.variables["p"].family.name == "Beta"
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=200)
+    assert (idata.posterior["s"].values > 0).all()
+    post = pmkjit.ep_posterior(idata)
+    # the same posterior as with the default transforms; p's is exact: Beta(1 + 2, 1 + 1)
+    ref = pmkjit.ep_posterior(pmkjit.fit(model=_scale_and_rate_model(), random_seed=0, progressbar=False, draws=10))
+    np.testing.assert_allclose([post["s"].mean()[0], post["s"].var()[0]], [ref["s"].mean()[0], ref["s"].var()[0]],
+                               rtol=1e-6)
+    np.testing.assert_allclose([post["p"].mean()[0], post["p"].var()[0]], [0.6, stats.beta(3, 2).var()], rtol=1e-10)
+
+
+def test_total_size_is_refused_naming_the_likelihood():
+    # total_size= wraps the likelihood in a MinibatchRandomVariable: an AttributeError
+    # ('MinibatchRandomVariable' object has no attribute 'dist_params') from the walk
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Normal("y", b, 1.0, observed=np.array([0.3, -0.8, 0.1]), total_size=300)
+    with pytest.raises(UnsupportedModelError, match=r"^y: total_size="):
+        pmkjit.fit(model=model, progressbar=False)

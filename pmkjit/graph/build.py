@@ -29,6 +29,7 @@ from pymc.distributions.custom import CustomSymbolicDistRV
 from pymc.distributions.distribution import SymbolicRandomVariable
 from pymc.distributions.shape_utils import _change_dist_size
 from pymc.distributions.simulator import SimulatorRV
+from pymc.distributions.transforms import _default_transform
 from pymc.pytensorf import find_rng_nodes, reseed_rngs
 from pytensor.graph.basic import Constant, Variable
 from pytensor.compile.ops import ViewOp
@@ -166,6 +167,12 @@ class _Builder:
         if getattr(op, "ndim_supp", 0) > 1:
             raise UnsupportedModelError(f"{name}: matrix-valued latent variables are not supported")
         transform = self.model.rvs_to_transforms.get(rv)
+        if transform is None:
+            # the family follows the support, not the sampler's parametrisation:
+            # HalfNormal(transform=None) or Uniform(0, 1, default_transform=None) is still
+            # positive or in (0, 1), and a Gaussian message would put mass where its
+            # density is zero (negative posterior draws of a scale)
+            transform = _default_transform(op, rv)
         tname = type(transform).__name__ if transform is not None else None
         if tname is None:
             if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",):
@@ -359,6 +366,13 @@ class _Builder:
         self._black_box(rv, params, plate, kind="prior", output=output)
 
     def _likelihood(self, rv: Variable) -> None:
+        if type(rv.owner.op).__name__ == "MinibatchRandomVariable":
+            # total_size= reweights the log-likelihood by total_size / N (minibatch ADVI);
+            # the op wraps the distribution, so the walk would fail on it obscurely
+            raise UnsupportedModelError(
+                f"{rv.name}: total_size= (a minibatch likelihood, scaled by total_size / N) is not supported; "
+                "EP needs the full data set as observed and no total_size"
+            )
         y = self._likelihood_factor(rv)
         # after the walk, which refuses NaN in the parameters with that reason (a NaN
         # covariate also makes the entry's density -inf)
