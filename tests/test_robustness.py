@@ -570,3 +570,14 @@ def test_logistic_regression_on_an_uncentred_covariate_reaches_the_exact_posteri
         sd = np.sqrt(np.sum(p * (grid - mean) ** 2))
         assert abs(post[name].mean()[0] - mean) < 0.15 * sd, name
         assert abs(np.sqrt(post[name].var()[0]) / sd - 1) < 0.1, name
+
+
+def test_an_ordered_logistic_outcome_is_refused_naming_it_as_categorical():
+    # the error said "y: CategoricalRV is not an elementwise distribution", a name the user
+    # of pm.OrderedLogistic never wrote
+    x = np.linspace(-1.0, 1.0, 12)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.OrderedLogistic("y", eta=b * x, cutpoints=np.array([-1.0, 1.0]), observed=np.arange(12) % 3)
+    with pytest.raises(UnsupportedModelError, match=r"^y: CategoricalRV .*pm.OrderedLogistic"):
+        build_factor_graph(model)

@@ -843,8 +843,13 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
             "pmkjit needs an elementwise distribution whose parameters are expressions of the latents"
         )
     if getattr(op, "ndim_supp", 0) != 0 or any(n != 0 for n in (getattr(op, "ndims_params", None) or [])):
+        # pm.OrderedLogistic / OrderedProbit are Categorical underneath: say so, the user
+        # never wrote "Categorical"
+        hint = (" (pm.Categorical, pm.OrderedLogistic and pm.OrderedProbit: a categorical outcome's "
+                "probabilities are a vector per observation; one-hot Bernoulli or Binomial observations "
+                "are elementwise)" if name == "CategoricalRV" else "")
         raise UnsupportedModelError(
-            f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions)"
+            f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions){hint}"
         )
 
 
