@@ -271,14 +271,16 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # times on one variable (a latent variance or shape went from 0.01 to 0.26
         # posterior sd off, or stopped converging). Where quadrature is possible it
         # answers those factors directly; KJIT stays where inputs are distinct.
-        # The same holds for importance sampling on a small factor (the non-centred eight
-        # schools, mu + tau * eta[j]: 8 instances share mu and tau). Its operator is
-        # fitted on answers pooled over sweeps for the same few data points, so its
-        # kernel widths are set by the differences between instances and it stays blind
-        # to the moving cavities: it trusted itself while tau drifted from 3.6 to 0.04.
-        # Answering up to _SMALL_IMPORTANCE_FACTOR instances per sweep costs little.
+        # The same holds for importance sampling on a factor with fewer instances than
+        # an operator's first fit needs (the non-centred eight schools, mu + tau * eta[j]:
+        # 8 instances share mu and tau). Its operator is fitted on answers pooled over
+        # sweeps for the same few data points, so its kernel widths are set by the
+        # differences between instances and it stays blind to the moving cavities: it
+        # trusted itself while tau drifted from 3.6 to 0.04. Larger factors keep their
+        # operator: importance sampling alone took 200 s on N = 80-90 (3 latents), no
+        # more accurate.
         shared = oracle == "auto" and shares_a_latent(f) and (
-            kind == "quadrature" or f.size <= _SMALL_IMPORTANCE_FACTOR)
+            kind == "quadrature" or f.size < _SMALL_IMPORTANCE_FACTOR)
         if method == "kjit" and f.latent_inputs and not shared:
             op = store.load(f) if store is not None else None
             pending = store.load_pending(f) if store is not None and op is None else None
@@ -292,7 +294,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
 
 
 _SHARED_INSTANCES = 10
-_SMALL_IMPORTANCE_FACTOR = 100
+_SMALL_IMPORTANCE_FACTOR = 50  # KJITMethod's min_fit: below it, a first fit pools sweeps
 
 
 def shares_a_latent(factor, min_instances: int = _SHARED_INSTANCES) -> bool:
