@@ -8,7 +8,7 @@ from pmkjit.errors import OperatorFileError
 from pmkjit.families import Beta, Gamma, Gaussian
 from pmkjit.features import GaussianJointEmbeddingFeatures
 from pmkjit.operators import KJITOperator, QuadratureOracle
-from pmkjit.operators.kjit import FILE_VERSION
+from pmkjit.operators.kjit import _ACCURATE_CHI2, FILE_VERSION, calibrated_thresholds
 
 
 class CountingOracle:
@@ -170,6 +170,33 @@ def test_noise_floor_skips_queries_an_oracle_cannot_improve():
     # the paper's rule keeps asking about ordinary inputs at a fixed quantile rate
     assert calls[0.0] > 0.05 * 900
     assert calls[1.0] < 0.6 * calls[0.0]
+
+
+def test_calibrated_thresholds_ignore_held_out_predictions_that_were_not_accurate():
+    var = np.array([[1e-6], [2e-6], [3e-6], [0.05]])
+    err2 = np.array([[1e-6], [4e-6], [1e-6], [0.01]])  # the last: 1e4 noise variances off
+    t = calibrated_thresholds(var, err2, np.array([1e-6]), 1.0)
+    assert t[0] == 3e-6  # the largest variance among the accurate ones, not 0.05
+    assert calibrated_thresholds(var, np.full_like(err2, 1.0), np.array([1e-6]), 0.9)[0] == 0.0
+
+
+def test_a_far_out_message_in_the_first_minibatch_does_not_blind_the_operator():
+    # A first minibatch from a heavy-tailed stream: a fifth of its messages lie far from
+    # the rest. Held out, such a message has a large variance and a large error; when it
+    # set the 90% quantile, the operator trusted every later prediction below that
+    # variance (here: most messages just beyond the bulk, with KL errors up to 0.6).
+    rng = np.random.default_rng(3)
+    bulk, far = incoming(rng, 40, spread=1.0), incoming(rng, 10, centre=30.0, spread=3.0)
+    first = tuple(type(a).concatenate([a, b]) for a, b in zip(bulk, far))
+    oracle = CountingOracle()
+    op = small_operator(seed=4)
+    op(first, oracle)
+    for centre in (3.0, 5.0):
+        shoulder = incoming(np.random.default_rng(7), 200, centre=centre, spread=1.0)
+        (pred,), var = op.predict(shoulder)
+        trusted = ~np.any(var > op.current_thresholds(), axis=1)
+        kl = oracle.inner(shoulder).beliefs[0].kl(pred)
+        assert np.all(kl[trusted] < 1e-3), (centre, kl[trusted].max())
 
 
 def test_query_fraction_one_asks_about_every_uncertain_input_at_once():

@@ -39,6 +39,7 @@ with the operator, so a loaded operator can still adapt.
 from __future__ import annotations
 
 import itertools
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -78,6 +79,9 @@ _MIN_QUERY_ROUND = 8
 _MIN_REFIT_ANSWERS = 50
 _FULL_MAP_OUTER = 1000  # outer features of the default map (inner: half)
 _FULL_MAP_INSTANCES = 1000  # factors with more instances get a smaller map (default_feature_sizes)
+# A held-out prediction counts as accurate when its squared error is within the 99% point
+# of chi-square(1) times the regression's noise variance: as good as an oracle answer.
+_ACCURATE_CHI2 = 6.63
 _DEFAULT_SEARCH = {
     "GaussianJointEmbeddingFeatures": {"inner_scale": (0.5, 1.0, 2.0), "outer_scale": (0.5, 1.0, 2.0)},
     "ExpectedProductFeatures": {"scale": (0.25, 0.5, 1.0, 2.0)},
@@ -138,7 +142,9 @@ class KJITOperator:
         in the site's precision; the belief variance v_c exp(-v_c t) is always proper.
         ``"absolute"``: the belief's own targets (the original KJIT code).
     threshold_quantile : float, default 0.9
-        Quantile of held-out epistemic variance that sets each output's threshold.
+        Quantile of held-out epistemic variance that sets each output's threshold,
+        taken over the held-out predictions that were as accurate as an oracle answer
+        (see :func:`calibrated_thresholds`).
     holdout : float, default 0.2
         Fraction of the first minibatch held out to calibrate the thresholds.
     noise_floor : float, default 1.0
@@ -319,7 +325,7 @@ class KJITOperator:
         Phi_h = features.transform(_take(messages, hold))
         mean_h, var_h = blr.predict(Phi_h, return_var=True, include_noise=False)
         err2 = (mean_h - Y[hold]) ** 2
-        thresholds = np.quantile(var_h, self.threshold_quantile, axis=0)
+        thresholds = calibrated_thresholds(var_h, err2, blr.noise_var_, self.threshold_quantile)
         # A refit never loosens the thresholds: its held-out part, drawn from a memory
         # that mixes regions, can make "typical" variance look larger than the first
         # fit's, and more data should make the operator more demanding, not less.
@@ -718,6 +724,23 @@ def default_feature_sizes(families: Sequence[type[ExponentialFamily]], n_instanc
         n_outer = int(np.clip(budget, min(100 * p, _FULL_MAP_OUTER), _FULL_MAP_OUTER))
     n_inner = 2 * (n_outer // 4)
     return n_inner, 2 * (n_outer // 2)
+
+
+def calibrated_thresholds(var: np.ndarray, err2: np.ndarray, noise_var: np.ndarray, quantile: float) -> np.ndarray:
+    """Per-output variance threshold from held-out predictions ``(n_hold, K)``.
+
+    The ``quantile`` of the epistemic variance over the held-out predictions that were
+    accurate (squared error at most 6.63 times the noise variance, chi-square(1)'s 99%
+    point), 0 for an output without any. Inaccurate predictions are left out because
+    their variance is exactly the level that must not be trusted: one far-out message
+    among the few held out (a heavy tail's draw) would otherwise set the quantile, and
+    the operator would trust every prediction below its variance from then on.
+    """
+    accurate = err2 <= _ACCURATE_CHI2 * np.asarray(noise_var)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an output without accurate predictions
+        t = np.nanquantile(np.where(accurate, var, np.nan), quantile, axis=0)
+    return np.nan_to_num(t, nan=0.0)
 
 
 def pack_answers(messages: Sequence[ExponentialFamily], beliefs: Sequence[ExponentialFamily]) -> np.ndarray:
