@@ -30,11 +30,6 @@ from pymc.distributions.distribution import SymbolicRandomVariable
 from pymc.distributions.shape_utils import _change_dist_size
 from pymc.distributions.simulator import SimulatorRV
 from pymc.pytensorf import find_rng_nodes, reseed_rngs
-
-try:  # private in PyMC 5 (the singledispatch behind every distribution's default transform)
-    from pymc.distributions.transforms import _default_transform
-except ImportError:  # pragma: no cover - a PyMC without it: judge a transform-less latent by its op
-    _default_transform = None
 from pytensor.graph.basic import Constant, Variable
 from pytensor.compile.ops import ViewOp
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
@@ -65,6 +60,11 @@ from pmkjit.graph.pytensor_tools import (
     parameter_checks_to_ninf,
 )
 from pmkjit.links import half_erfc
+
+try:  # private in PyMC 5 (the singledispatch behind every distribution's default transform)
+    from pymc.distributions.transforms import _default_transform
+except ImportError:  # pragma: no cover - a PyMC without it: judge a transform-less latent by its op
+    _default_transform = None
 
 __all__ = ["build_factor_graph"]
 
