@@ -111,6 +111,10 @@ def test_inference_data_groups_coords_and_log_likelihood():
     np.testing.assert_array_equal(idata.observed_data["y"].values, y)
     np.testing.assert_array_equal(idata.constant_data["X"].values, X)
     assert np.isfinite(az.loo(idata).elpd_loo)
+    # provenance as pm.sample records it
+    assert idata.posterior.attrs["inference_library"] == "pmkjit"
+    assert idata.posterior.attrs["inference_library_version"] == pmkjit.__version__
+    assert idata.posterior.attrs["sampling_time"] > 0
 
 
 def test_ep_posterior_in_closed_form_and_sweep_callback():
@@ -181,7 +185,7 @@ def _run_identity(idata) -> dict:
         ds = getattr(idata, group)
         out.update({f"{group}/{k}": ds[k].values for k in ds.data_vars})
         out.update({f"{group}@{k}": v for k, v in ds.attrs.items() if not k.startswith("seconds_")
-                    and k != "created_at"})
+                    and k not in ("created_at", "sampling_time")})
     return out
 
 
