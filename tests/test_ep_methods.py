@@ -160,3 +160,39 @@ def test_quadrature_oracle_integrates_each_distinct_input_once():
     expect = answer_distinct((cav, obs))
     np.testing.assert_array_equal(got.beliefs[0].natural, expect.beliefs[0].natural[idx])
     np.testing.assert_array_equal(got.accepted, expect.accepted[idx])
+
+
+def test_quadrature_takes_many_distinct_per_instance_data_as_covariates():
+    # Normal(a + b x, s (x + 0.5)): 100 distinct data values. Quadrature used to integrate
+    # one group of equal data at a time and refused more than 64 groups (the factor then
+    # fell back to importance sampling); the data now ride along as per-entry covariates.
+    import pymc as pm
+
+    from pmkjit.ep.methods import FactorOracle, quadrature_possible
+    from pmkjit.families import Gamma
+    from pmkjit.graph import build_factor_graph
+    from pmkjit.operators import QuadratureOracle
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 2, 100)
+    y = 1 + 0.5 * x + 0.7 * (x + 0.5) * rng.normal(size=100)
+    with pm.Model() as model:
+        a, b, s = pm.Normal("a", 0, 5), pm.Normal("b", 0, 5), pm.HalfNormal("s", 2)
+        pm.Normal("y", a + b * x, s * (x + 0.5), observed=y)
+    (f,) = [f for f in build_factor_graph(model).factors if f.kind == "likelihood"]
+    assert quadrature_possible(f)
+    (data,) = [slot.values for slot in f.inputs if not hasattr(slot, "family")]
+    B = 100
+    msgs = (Gaussian(1 + 0.5 * x + 0.1 * rng.normal(size=B), np.full(B, 0.05)),
+            Gamma(np.full(B, 30.0), np.full(B, 40.0)), PointMass(data), PointMass(y))
+    got = FactorOracle(f, "quadrature", rng=np.random.default_rng(0))(msgs)
+    assert got.accepted.all()
+    # reference: each entry on its own, its datum a constant of the density
+    for i in (0, 17, 99):
+        def density(obs, ins, _d=data[i]):
+            return f.logp(obs, (ins[0], ins[1], np.full(np.shape(obs), _d)))
+
+        ref = QuadratureOracle(density, (Gaussian, Gamma), kind="density", observed=y[i:i + 1])(
+            (msgs[0][i:i + 1], msgs[1][i:i + 1]))
+        for k in range(2):
+            np.testing.assert_allclose(got.beliefs[k].natural[i], ref.beliefs[k].natural[0], rtol=1e-12)

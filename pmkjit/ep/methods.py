@@ -47,13 +47,11 @@ def _data_matrix(factor: BlackBoxFactor) -> np.ndarray:
 
 
 def quadrature_possible(factor: BlackBoxFactor) -> bool:
-    """Quadrature handles one or two latent variables, and per-instance data taking few values."""
-    n_data_groups = np.unique(_data_matrix(factor), axis=0).shape[0]
-    if n_data_groups > _MAX_DATA_GROUPS:
-        return False
+    """Quadrature handles one or two latent variables; a deterministic factor's data take few values."""
     n_inputs = len(factor.latent_inputs)
     if factor.kind == "deterministic":
-        return n_inputs == 1 and factor.density_source == "deterministic"
+        n_data_groups = np.unique(_data_matrix(factor), axis=0).shape[0]
+        return n_inputs == 1 and factor.density_source == "deterministic" and n_data_groups <= _MAX_DATA_GROUPS
     n_latent = n_inputs + (1 if factor.kind == "prior" else 0)
     return factor.logp is not None and 1 <= n_latent <= 2
 
@@ -151,10 +149,23 @@ class FactorOracle:
         return Answer(tuple(out), accepted)
 
     def _quadrature(self, msgs, fams, observed, data: dict, B: int):
-        """Quadrature, one call per distinct row of per-instance data (few: checked at construction)."""
+        """Quadrature: per-instance data as per-entry covariates of a density, or one call per
+        distinct data row of a deterministic factor (few: checked at construction)."""
         f = self.factor
         keys = sorted(data)
         table = np.stack([data[k] for k in keys], axis=1) if keys else np.zeros((B, 0))
+        if keys and f.kind != "deterministic":
+            column = {k: j for j, k in enumerate(keys)}
+
+            def density_with_data(x, ins, cov):
+                it = iter(ins)
+                return f.logp(x, tuple(cov[..., column[i]] if i in column else next(it)
+                                       for i in range(len(f.inputs))))
+
+            oracle = QuadratureOracle(density_with_data, fams, kind="density", observed=observed,
+                                      covariates=table)
+            result = oracle(tuple(msgs))
+            return tuple(result.beliefs), np.asarray(result.accepted, bool)
         rows, group = np.unique(table, axis=0, return_inverse=True)
         group = np.ravel(group)
         naturals = [np.full((B, 2), np.nan) for _ in fams]

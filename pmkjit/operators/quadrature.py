@@ -95,6 +95,10 @@ class QuadratureOracle:
         whose integrals have not converged get more.
     observed : array_like (B,), optional
         Observed output values (density kind); the beliefs are then the inputs' only.
+    covariates : array_like (B, k), optional
+        Per-entry constants of a density factor (a covariate, an exposure, a trial count):
+        ``function`` then takes them as a third argument, an array ``(..., k)`` broadcast
+        against the nodes.
 
     Attributes
     ----------
@@ -121,7 +125,7 @@ class QuadratureOracle:
 
     def __init__(self, function: Callable, families: Sequence[type[ExponentialFamily]], *,
                  kind: str = "deterministic", unconstrained_function: Callable | None = None,
-                 n_nodes: int | None = None, observed=None):
+                 n_nodes: int | None = None, observed=None, covariates=None):
         if kind not in ("deterministic", "density"):
             raise ValueError(f"kind must be 'deterministic' or 'density', got {kind!r}")
         self.function = function
@@ -133,6 +137,9 @@ class QuadratureOracle:
         self.unconstrained_function = unconstrained_function
         self.kind = kind
         self.observed = None if observed is None else np.asarray(observed, dtype=float)
+        self.covariates = None if covariates is None else np.asarray(covariates, dtype=float)
+        if self.covariates is not None and (kind != "density" or self.covariates.ndim != 2):
+            raise ValueError("covariates are a (B, k) array of a density factor's per-entry constants")
         if kind == "deterministic":
             if observed is not None:
                 raise ValueError("a deterministic factor has no observed output; use kind='density'")
@@ -168,6 +175,8 @@ class QuadratureOracle:
         B = len(messages[0])
         if self.observed is not None and self.observed.shape != (B,):
             raise ValueError(f"observed has shape {self.observed.shape}, expected ({B},) like the messages")
+        if self.covariates is not None and self.covariates.shape[0] != B:
+            raise ValueError(f"covariates have {self.covariates.shape[0]} rows, expected {B} like the messages")
         d = len(self._latent)
         # per variable: E T (2 columns) and, for Gaussians, the central variance (third)
         stats = np.full((len(self.families), B, 3), np.nan)
@@ -466,11 +475,15 @@ class QuadratureOracle:
                     u_out = self._output_unconstrained(U[..., 0])
                     bad |= ~np.isfinite(u_out)  # the output saturated at the edge of its support
                     factor = messages[1][idx][:, None].logpdf_at_unconstrained(u_out)
-                elif self.observed is not None:
-                    obs = np.broadcast_to(self.observed[idx, None], xs[0].shape)
-                    factor = np.asarray(self.function(obs, tuple(xs)), dtype=float)
                 else:
-                    factor = np.asarray(self.function(xs[-1], tuple(xs[:-1])), dtype=float)
+                    # per-entry constants ride along like the observations: (b, G, k)
+                    extra = () if self.covariates is None else (np.broadcast_to(
+                        self.covariates[idx, None, :], xs[0].shape + self.covariates.shape[1:]),)
+                    if self.observed is not None:
+                        obs = np.broadcast_to(self.observed[idx, None], xs[0].shape)
+                        factor = np.asarray(self.function(obs, tuple(xs), *extra), dtype=float)
+                    else:
+                        factor = np.asarray(self.function(xs[-1], tuple(xs[:-1]), *extra), dtype=float)
                 bad |= np.isnan(factor) | (factor == np.inf)
                 total = total + factor
             bad |= np.isnan(total) | (total == np.inf)
