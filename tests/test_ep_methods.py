@@ -196,3 +196,29 @@ def test_quadrature_takes_many_distinct_per_instance_data_as_covariates():
             (msgs[0][i:i + 1], msgs[1][i:i + 1]))
         for k in range(2):
             np.testing.assert_allclose(got.beliefs[k].natural[i], ref.beliefs[k].natural[0], rtol=1e-12)
+
+
+def test_quadrature_of_a_transform_with_per_instance_data_matches_the_offset_form():
+    # exposure * exp(eta) and exp(eta + log(exposure)) are one model; the first is a
+    # deterministic factor with a data input (80 distinct exposures), which quadrature
+    # used to refuse beyond 64 distinct values (KJIT then sat behind importance sampling)
+    import pymc as pm
+
+    import pmkjit
+
+    rng = np.random.default_rng(5)
+    x, expo = rng.normal(size=80), rng.uniform(0.5, 3.0, 80)
+    y = rng.poisson(expo * np.exp(0.3 + 0.5 * x))
+    means = []
+    for offset in (False, True):
+        with pm.Model() as model:
+            a, b = pm.Normal("a", 0, 2), pm.Normal("b", 0, 2)
+            rate = pm.math.exp(a + b * x + np.log(expo)) if offset else expo * pm.math.exp(a + b * x)
+            pm.Poisson("y", rate, observed=y)
+        idata = pmkjit.fit(model=model, method="quadrature", random_seed=0, progressbar=False, draws=10,
+                           compute_log_likelihood=False)
+        mu = idata.ep["gaussian_mean"].values
+        sd = np.sqrt(np.diag(idata.ep["gaussian_cov"].values))
+        means.append((mu, sd))
+    np.testing.assert_allclose(means[0][0], means[1][0], atol=1e-3 * means[1][1].min())
+    np.testing.assert_allclose(means[0][1], means[1][1], rtol=1e-3)

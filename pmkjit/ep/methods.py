@@ -38,20 +38,11 @@ class Answer(NamedTuple):
     asked: np.ndarray | None = None
 
 
-_MAX_DATA_GROUPS = 64
-
-
-def _data_matrix(factor: BlackBoxFactor) -> np.ndarray:
-    cols = [s.values for s in factor.inputs if isinstance(s, DataSlot)]
-    return np.stack(cols, axis=1) if cols else np.zeros((factor.size, 0))
-
-
 def quadrature_possible(factor: BlackBoxFactor) -> bool:
-    """Quadrature handles one or two latent variables; a deterministic factor's data take few values."""
+    """Quadrature handles one or two latent variables (per-instance data ride along)."""
     n_inputs = len(factor.latent_inputs)
     if factor.kind == "deterministic":
-        n_data_groups = np.unique(_data_matrix(factor), axis=0).shape[0]
-        return n_inputs == 1 and factor.density_source == "deterministic" and n_data_groups <= _MAX_DATA_GROUPS
+        return n_inputs == 1 and factor.density_source == "deterministic"
     n_latent = n_inputs + (1 if factor.kind == "prior" else 0)
     return factor.logp is not None and 1 <= n_latent <= 2
 
@@ -149,48 +140,32 @@ class FactorOracle:
         return Answer(tuple(out), accepted)
 
     def _quadrature(self, msgs, fams, observed, data: dict, B: int):
-        """Quadrature: per-instance data as per-entry covariates of a density, or one call per
-        distinct data row of a deterministic factor (few: checked at construction)."""
+        """Quadrature of the whole batch; per-instance data enter as per-entry covariates."""
         f = self.factor
         keys = sorted(data)
-        table = np.stack([data[k] for k in keys], axis=1) if keys else np.zeros((B, 0))
-        if keys and f.kind != "deterministic":
+        if keys:
+            table = np.stack([data[k] for k in keys], axis=1)
             column = {k: j for j, k in enumerate(keys)}
 
-            def density_with_data(x, ins, cov):
+            def with_data(ins, cov):
                 it = iter(ins)
-                return f.logp(x, tuple(cov[..., column[i]] if i in column else next(it)
-                                       for i in range(len(f.inputs))))
-
-            oracle = QuadratureOracle(density_with_data, fams, kind="density", observed=observed,
-                                      covariates=table)
-            result = oracle(tuple(msgs))
-            return tuple(result.beliefs), np.asarray(result.accepted, bool)
-        rows, group = np.unique(table, axis=0, return_inverse=True)
-        group = np.ravel(group)
-        naturals = [np.full((B, 2), np.nan) for _ in fams]
-        accepted = np.zeros(B, bool)
-        for g, row in enumerate(rows):
-            sel = np.flatnonzero(group == g)
-            consts = dict(zip(keys, row))
-
-            def full(ins, shape, _c=consts):
-                it = iter(ins)
-                return tuple(np.full(shape, _c[i]) if i in _c else next(it) for i in range(len(f.inputs)))
+                return tuple(cov[..., column[i]] if i in column else next(it) for i in range(len(f.inputs)))
 
             if f.kind == "deterministic":
-                fn = f.scipy_function or (lambda x, _full=full: f.function(_full((x,), np.shape(x)), None))
-                oracle = QuadratureOracle(fn, fams, kind="deterministic")
+                oracle = QuadratureOracle(lambda x, cov: f.function(with_data((x,), cov), None), fams,
+                                          kind="deterministic", covariates=table)
             else:
-                def density(x, ins, _full=full):
-                    return f.logp(x, _full(tuple(ins), np.shape(x)))
-                obs = None if observed is None else observed[sel]
-                oracle = QuadratureOracle(density, fams, kind="density", observed=obs)
-            result = oracle(tuple(m[sel] for m in msgs))
-            for k, b in enumerate(result.beliefs):
-                naturals[k][sel] = b.natural
-            accepted[sel] = result.accepted
-        return tuple(fam.from_natural(n) for fam, n in zip(fams, naturals)), accepted
+                oracle = QuadratureOracle(lambda x, ins, cov: f.logp(x, with_data(ins, cov)), fams,
+                                          kind="density", observed=observed, covariates=table)
+            result = oracle(tuple(msgs))
+            return tuple(result.beliefs), np.asarray(result.accepted, bool)
+        if f.kind == "deterministic":
+            fn = f.scipy_function or (lambda x: f.function((x,), None))
+            oracle = QuadratureOracle(fn, fams, kind="deterministic")
+        else:
+            oracle = QuadratureOracle(lambda x, ins: f.logp(x, tuple(ins)), fams, kind="density", observed=observed)
+        result = oracle(tuple(msgs))
+        return tuple(result.beliefs), np.asarray(result.accepted, bool)
 
     def as_operator_oracle(self):
         """The oracle in the form a :class:`KJITOperator` calls: beliefs of every variable."""

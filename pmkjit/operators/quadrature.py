@@ -96,9 +96,9 @@ class QuadratureOracle:
     observed : array_like (B,), optional
         Observed output values (density kind); the beliefs are then the inputs' only.
     covariates : array_like (B, k), optional
-        Per-entry constants of a density factor (a covariate, an exposure, a trial count):
-        ``function`` then takes them as a third argument, an array ``(..., k)`` broadcast
-        against the nodes.
+        Per-entry constants (a covariate, an exposure, a trial count): ``function`` then
+        takes them as its last argument (``function(x_in, c)`` or ``function(x_out,
+        inputs, c)``), an array ``(..., k)`` broadcast against the nodes.
 
     Attributes
     ----------
@@ -130,7 +130,8 @@ class QuadratureOracle:
             raise ValueError(f"kind must be 'deterministic' or 'density', got {kind!r}")
         self.function = function
         self.families = tuple(families)
-        if unconstrained_function is None and kind == "deterministic" and len(self.families) == 2:
+        if unconstrained_function is None and kind == "deterministic" and len(self.families) == 2 \
+                and covariates is None:
             # recognised links (expit, exp, invprobit) give the output's unconstrained
             # coordinate exactly where the link rounds to the edge of the support
             unconstrained_function = unconstrained_output(function, self.families[1].support)
@@ -138,8 +139,10 @@ class QuadratureOracle:
         self.kind = kind
         self.observed = None if observed is None else np.asarray(observed, dtype=float)
         self.covariates = None if covariates is None else np.asarray(covariates, dtype=float)
-        if self.covariates is not None and (kind != "density" or self.covariates.ndim != 2):
-            raise ValueError("covariates are a (B, k) array of a density factor's per-entry constants")
+        if self.covariates is not None and self.covariates.ndim != 2:
+            raise ValueError("covariates are a (B, k) array of per-entry constants")
+        if self.covariates is not None and unconstrained_function is not None:
+            raise ValueError("unconstrained_function takes no covariates; give function(x_in, covariates)")
         if kind == "deterministic":
             if observed is not None:
                 raise ValueError("a deterministic factor has no observed output; use kind='density'")
@@ -334,7 +337,7 @@ class QuadratureOracle:
         half = (slice(None),) + (slice(None, None, 2),) * d  # every other node along each axis
         w_half = w.reshape((r.size,) + ns)[half].reshape(r.size, -1)
         mass, mass_half = np.sum(w, axis=1), np.sum(w_half, axis=1)
-        T_all = [np.where(w[..., None] > 0, T, 0.0) for T in self._statistics(U[r])]  # zero weight: maybe off the support
+        T_all = [np.where(w[..., None] > 0, T, 0.0) for T in self._statistics(U[r], idx[sel])]  # zero weight: maybe off the support
         mean = np.stack([_weighted_sum(w, T) for T in T_all]) / mass[:, None]  # (n_vars, r, 2)
         mean_half = np.stack([
             _weighted_sum(w_half, T.reshape((r.size,) + ns + (2,))[half].reshape(r.size, -1, 2))
@@ -424,7 +427,7 @@ class QuadratureOracle:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             base = lt + np.log(h_s)[:, None] - log_norm[:, None]  # log share of the window's integral
             important = base > _SCAN_LOG_SHARE
-            for v, T in enumerate(self._statistics(u[..., None])):
+            for v, T in enumerate(self._statistics(u[..., None], idx[sel])):
                 contrib = base[..., None] + np.log(np.abs(T)) - np.log(scale[v][:, None, :])
                 important |= np.any(np.where(np.isnan(contrib), -np.inf, contrib) > _SCAN_LOG_SHARE, axis=-1)
         important &= ~inside
@@ -441,21 +444,28 @@ class QuadratureOracle:
         return status, new_lo, new_hi
 
     # --------------------------------------------------------------- helpers
-    def _statistics(self, U: np.ndarray) -> list[np.ndarray]:
-        """Sufficient statistics ``(b, G, 2)`` of every variable at unconstrained nodes ``U``."""
+    def _statistics(self, U: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+        """Sufficient statistics ``(b, G, 2)`` of every variable at unconstrained nodes ``U``
+        of the batch entries ``rows``."""
         out = []
         with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
             for j, i in enumerate(self._latent):
                 out.append(self.families[i].sufficient_statistics_unconstrained(U[..., j]))
             if self.kind == "deterministic":
-                out.append(self.families[1].sufficient_statistics_unconstrained(self._output_unconstrained(U[..., 0])))
+                out.append(self.families[1].sufficient_statistics_unconstrained(
+                    self._output_unconstrained(U[..., 0], rows)))
         return out
 
-    def _output_unconstrained(self, u_in: np.ndarray) -> np.ndarray:
+    def _output_unconstrained(self, u_in: np.ndarray, rows: np.ndarray) -> np.ndarray:
         x_in = self.families[0].from_unconstrained(u_in)
         if self.unconstrained_function is not None:
             return np.asarray(self.unconstrained_function(x_in), dtype=float)
-        return self.families[1].to_unconstrained(np.asarray(self.function(x_in), dtype=float))
+        extra = () if self.covariates is None else (self._covariates_at(rows, u_in.shape),)
+        return self.families[1].to_unconstrained(np.asarray(self.function(x_in, *extra), dtype=float))
+
+    def _covariates_at(self, rows: np.ndarray, shape: tuple) -> np.ndarray:
+        """The entries' covariates broadcast against their nodes: ``shape + (k,)``."""
+        return np.broadcast_to(self.covariates[rows, None, :], shape + self.covariates.shape[1:])
 
     def _log_target(self, messages):
         """``log_target(U, idx) -> (log density (b, G), unevaluable mask (b, G))`` of the tilted law in ``u``."""
@@ -472,13 +482,12 @@ class QuadratureOracle:
                     total = total + m[idx].logpdf_unconstrained(u)  # density of u: Jacobian included
                     xs.append(fam.from_unconstrained(u))
                 if self.kind == "deterministic":
-                    u_out = self._output_unconstrained(U[..., 0])
+                    u_out = self._output_unconstrained(U[..., 0], idx)
                     bad |= ~np.isfinite(u_out)  # the output saturated at the edge of its support
                     factor = messages[1][idx][:, None].logpdf_at_unconstrained(u_out)
                 else:
                     # per-entry constants ride along like the observations: (b, G, k)
-                    extra = () if self.covariates is None else (np.broadcast_to(
-                        self.covariates[idx, None, :], xs[0].shape + self.covariates.shape[1:]),)
+                    extra = () if self.covariates is None else (self._covariates_at(idx, xs[0].shape),)
                     if self.observed is not None:
                         obs = np.broadcast_to(self.observed[idx, None], xs[0].shape)
                         factor = np.asarray(self.function(obs, tuple(xs), *extra), dtype=float)
