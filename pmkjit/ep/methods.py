@@ -122,7 +122,7 @@ class FactorOracle:
 
         if self.kind == "quadrature" or not latent:
             # a factor with no latent input (a prior with constant parameters) is a 1-D integral
-            beliefs, accepted = self._quadrature(msgs, fams, observed, data, B)
+            beliefs, accepted = self._quadrature(msgs, fams, observed, data)
             refused = np.flatnonzero(~accepted)
             if refused.size and latent:
                 # quadrature refuses tilted laws it cannot resolve (e.g. a funnel); sampling can
@@ -139,31 +139,23 @@ class FactorOracle:
             out.append(beliefs[-1])
         return Answer(tuple(out), accepted)
 
-    def _quadrature(self, msgs, fams, observed, data: dict, B: int):
+    def _quadrature(self, msgs, fams, observed, data: dict):
         """Quadrature of the whole batch; per-instance data enter as per-entry covariates."""
         f = self.factor
-        keys = sorted(data)
-        if keys:
-            table = np.stack([data[k] for k in keys], axis=1)
-            column = {k: j for j, k in enumerate(keys)}
+        column = {k: j for j, k in enumerate(sorted(data))}
+        table = np.stack([data[k] for k in sorted(data)], axis=1) if data else None
 
-            def with_data(ins, cov):
-                it = iter(ins)
-                return tuple(cov[..., column[i]] if i in column else next(it) for i in range(len(f.inputs)))
+        def inputs(ins, *cov):  # the factor's inputs in order: latents from ins, data from cov
+            it = iter(ins)
+            return tuple(cov[0][..., column[i]] if i in column else next(it) for i in range(len(f.inputs)))
 
-            if f.kind == "deterministic":
-                oracle = QuadratureOracle(lambda x, cov: f.function(with_data((x,), cov), None), fams,
-                                          kind="deterministic", covariates=table)
-            else:
-                oracle = QuadratureOracle(lambda x, ins, cov: f.logp(x, with_data(ins, cov)), fams,
-                                          kind="density", observed=observed, covariates=table)
-            result = oracle(tuple(msgs))
-            return tuple(result.beliefs), np.asarray(result.accepted, bool)
         if f.kind == "deterministic":
-            fn = f.scipy_function or (lambda x: f.function((x,), None))
-            oracle = QuadratureOracle(fn, fams, kind="deterministic")
+            fn = f.scipy_function if f.scipy_function is not None and table is None else (
+                lambda x, *cov: f.function(inputs((x,), *cov), None))
+            oracle = QuadratureOracle(fn, fams, kind="deterministic", covariates=table)
         else:
-            oracle = QuadratureOracle(lambda x, ins: f.logp(x, tuple(ins)), fams, kind="density", observed=observed)
+            oracle = QuadratureOracle(lambda x, ins, *cov: f.logp(x, inputs(ins, *cov)), fams, kind="density",
+                                      observed=observed, covariates=table)
         result = oracle(tuple(msgs))
         return tuple(result.beliefs), np.asarray(result.accepted, bool)
 
