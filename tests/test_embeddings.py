@@ -175,3 +175,61 @@ def test_errors_name_the_message():
         f.transform((msgs[0], msgs[1][:2]))
     with pytest.raises(RuntimeError, match="not fitted"):
         MeanVarianceFeatures().transform(msgs)
+
+
+def test_log_space_gamma_characteristic_function_matches_integration():
+    from pmkjit.features.embeddings import log_gamma_characteristic_function
+
+    shape, rate = np.array([0.6, 3.0, 45.0]), np.array([2.0, 0.01, 7.0])
+    omega = np.array([-9.0, -0.7, 0.0, 1.3, 4.0, 20.0])
+    re, im = log_gamma_characteristic_function(Gamma(shape, rate), omega)
+    for i in range(3):
+        # E[exp(i w log x)] as an integral over u = log x, where the density is smooth and unimodal
+        dens = lambda u: np.exp(shape[i] * (u + np.log(rate[i])) - rate[i] * np.exp(u) - special.gammaln(shape[i]))
+        c = special.digamma(shape[i]) - np.log(rate[i])
+        sd = np.sqrt(special.polygamma(1, shape[i]))
+        lo, hi = c - 40 * sd, c + 12 * sd
+        for k, w in enumerate(omega):
+            ref_re = integrate.quad(lambda u: np.cos(w * u) * dens(u), lo, hi, points=[c], limit=800)[0]
+            ref_im = integrate.quad(lambda u: np.sin(w * u) * dens(u), lo, hi, points=[c], limit=800)[0]
+            assert re[i, k] == pytest.approx(ref_re, abs=1e-8)
+            assert im[i, k] == pytest.approx(ref_im, abs=1e-8)
+
+
+def test_log_space_gamma_embedding_sees_scale_changes_as_shifts():
+    # Rescaling x by c (a Gamma's rate by 1/c) only shifts log x: the embedding of two
+    # messages rescaled together keeps their inner product, in the bulk and far in the tail,
+    # whereas in x the tail messages' embeddings shrink towards zero and look alike.
+    rng = np.random.default_rng(11)
+    a = 1 + 50 * rng.random(60)
+    b = np.exp(rng.normal(0, 1, 60))
+    train = (Gamma(a, b),)
+    pair = Gamma(np.array([20.0, 20.0]), np.array([1.0, 2.0]))  # scales one doubling apart
+    for space, constant in (("log", True), ("linear", False)):
+        f = GaussianJointEmbeddingFeatures(4000, 20, gamma_space=space, random_state=0).fit(train)
+        dots = []
+        for c in (1.0, 1e3, 1e6):
+            E = f.embed((Gamma(pair.shape, pair.rate / c),))
+            dots.append(E[0] @ E[1])
+        if constant:
+            np.testing.assert_allclose(dots, dots[0], rtol=1e-9)
+            assert dots[0] > 0.1
+        else:
+            assert abs(dots[2]) < 1e-3 * abs(dots[0])
+
+
+def test_gamma_space_is_saved_and_old_maps_load_as_linear():
+    rng = np.random.default_rng(12)
+    msgs = (Gaussian(rng.normal(size=30), np.ones(30)), Gamma(1 + rng.random(30), 1 + rng.random(30)))
+    f = GaussianJointEmbeddingFeatures(40, 60, random_state=0).fit(msgs)
+    assert f.gamma_space == "log"
+    state = f.state_dict()
+    np.testing.assert_array_equal(GaussianJointEmbeddingFeatures.from_state_dict(state).transform(msgs), f.transform(msgs))
+    # a map saved before the option existed was fitted in x: it must load as such
+    lin = GaussianJointEmbeddingFeatures(40, 60, gamma_space="linear", random_state=0).fit(msgs)
+    old = {k: v for k, v in lin.state_dict().items() if k != "param_gamma_space"}
+    loaded = GaussianJointEmbeddingFeatures.from_state_dict(old)
+    assert loaded.gamma_space == "linear"
+    np.testing.assert_array_equal(loaded.transform(msgs), lin.transform(msgs))
+    with pytest.raises(ValueError, match="gamma_space"):
+        GaussianJointEmbeddingFeatures(40, 60, gamma_space="sqrt").fit(msgs)

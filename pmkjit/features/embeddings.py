@@ -136,6 +136,27 @@ def _cf_parts(message: ExponentialFamily, omega: np.ndarray, beta_matrix) -> tup
     return re, im
 
 
+def log_gamma_characteristic_function(message: Gamma, omega: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Real and imaginary parts of ``E[exp(i omega log x)]`` for ``x ~ Gamma(a, rate b)``.
+
+    ``E[x^(i omega)] = Gamma(a + i omega) / Gamma(a) * b^(-i omega)``, exactly, with
+    scipy's complex ``loggamma``: the mean embedding of the message as a law of ``log x``.
+
+    Returns
+    -------
+    re, im : ndarray of shape (B, K)
+    """
+    a = np.asarray(message.shape, dtype=float)[:, None]
+    log_b = np.log(np.asarray(message.rate, dtype=float))[:, None]
+    omega = np.asarray(omega, dtype=float)[None, :]
+    log_cf = special.loggamma(a + 1j * omega) - special.loggamma(a) - 1j * omega * log_b
+    cf = np.exp(log_cf)
+    re, im = cf.real.copy(), cf.imag.copy()
+    re[np.abs(re) < _TINY] = 0.0
+    im[np.abs(im) < _TINY] = 0.0
+    return re, im
+
+
 def median_heuristic(X: np.ndarray, rng: np.random.Generator | None = None) -> float:
     """Median pairwise Euclidean distance between rows of ``X`` (on a subsample)."""
     X = np.asarray(X, dtype=float)
@@ -238,7 +259,9 @@ class _JointEmbedding:
     ``K`` joint frequencies give ``2K`` features ``[Re, Im] / sqrt(K)``.
     """
 
-    def __init__(self, unit_frequencies: np.ndarray, lengthscales: np.ndarray, families: Sequence[str]):
+    def __init__(self, unit_frequencies: np.ndarray, lengthscales: np.ndarray, families: Sequence[str],
+                 log_gamma: bool = False):
+        self.log_gamma = bool(log_gamma)
         self.unit_frequencies = np.asarray(unit_frequencies, dtype=float)  # (c, K)
         self.lengthscales = np.asarray(lengthscales, dtype=float)  # (c,)
         self.omega = self.unit_frequencies / self.lengthscales[:, None]
@@ -274,7 +297,7 @@ class _JointEmbedding:
                 mu = beta_chebyshev_moments(messages[v].alpha, messages[v].beta, self._beta[v].shape[0])
                 parts = np.matmul(mu, self._beta[v], out=out if n == 0 else None)  # [Re, Im] layout
             else:
-                re, im = _cf_parts(messages[v], self.omega[v], self._beta[v])
+                re, im = self._parts(messages[v], v)
                 parts = out if n == 0 else np.empty_like(out)
                 parts[:, :K], parts[:, K:] = re, im
             if n > 0:
@@ -298,14 +321,14 @@ class _JointEmbedding:
     def transform_reference(self, messages: Sequence[ExponentialFamily]) -> np.ndarray:
         """:meth:`transform` with numpy's exp, cos and sin (reference and fallback)."""
         K = self.omega.shape[1]
-        re, im = _cf_parts(messages[0], self.omega[0], self._beta[0])
+        re, im = self._parts(messages[0], 0)
         out = np.empty((re.shape[0], 2 * K))
         o_re, o_im = out[:, :K], out[:, K:]
         np.copyto(o_re, re)
         np.copyto(o_im, im)
         tmp, tmp2 = np.empty_like(re), np.empty_like(re)
         for v in range(1, len(messages)):
-            r2, i2 = _cf_parts(messages[v], self.omega[v], self._beta[v])
+            r2, i2 = self._parts(messages[v], v)
             # complex product (o_re + i o_im)(r2 + i i2), in place to avoid 20 MB temporaries
             np.multiply(o_im, i2, out=tmp)
             np.multiply(o_re, i2, out=tmp2)
@@ -316,10 +339,23 @@ class _JointEmbedding:
         out *= 1.0 / np.sqrt(K)
         return out
 
+    def _parts(self, message: ExponentialFamily, v: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.log_gamma and isinstance(message, Gamma):
+            return log_gamma_characteristic_function(message, self.omega[v])
+        return _cf_parts(message, self.omega[v], self._beta[v])
 
-def _mean_lengthscales(messages: Sequence[ExponentialFamily], rng: np.random.Generator) -> np.ndarray:
-    """Median heuristic per variable on the message means."""
-    return np.array([median_heuristic(np.asarray(m.mean()), rng) for m in messages])
+
+def _embedded_mean(message: ExponentialFamily, log_gamma: bool) -> np.ndarray:
+    """Mean of the variable as the embedding sees it (``E[log x]`` for a log-space Gamma)."""
+    if log_gamma and isinstance(message, Gamma):
+        return special.digamma(np.asarray(message.shape, dtype=float)) - np.log(np.asarray(message.rate, dtype=float))
+    return np.asarray(message.mean(), dtype=float)
+
+
+def _mean_lengthscales(messages: Sequence[ExponentialFamily], rng: np.random.Generator,
+                       log_gamma: bool = False) -> np.ndarray:
+    """Median heuristic per variable on the message means (as embedded)."""
+    return np.array([median_heuristic(_embedded_mean(m, log_gamma), rng) for m in messages])
 
 
 def _check_even(n: int, name: str) -> int:
@@ -478,10 +514,21 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
     orthogonal_outer : bool, default False
         Draw the outer frequencies as orthogonal random features (Yu et al., 2016),
         which lowers the variance of the outer kernel approximation.
+    gamma_space : {"log", "linear"}, default "log"
+        Embed a Gamma message as the law of ``log x`` (exact characteristic function
+        ``E[x^(i w)]``) or of ``x``. Positive variables are scales, rates and
+        precisions, compared by ratios: in ``log x`` a message's embedding depends on
+        its scale only through a shift, so the kernel treats a doubling alike at every
+        scale, and heavy upper tails (a precision under a compound-gamma prior has
+        ``log tau`` logistic) stay within a few widths of the bulk. In ``x``, messages
+        far in the tail all have nearly vanishing embeddings and look alike, so every
+        new one is novel and none is predicted well (``docs/benchmarks.md``,
+        experiment 2).
     random_state : int, Generator or None
     """
 
-    _param_names = ("n_inner", "n_outer", "inner_scale", "outer_scale", "orthogonal_outer", "random_state")
+    _param_names = ("n_inner", "n_outer", "inner_scale", "outer_scale", "orthogonal_outer", "gamma_space",
+                    "random_state")
     _state_names = ("unit_inner_", "base_lengthscales_", "unit_outer_", "outer_base_")
 
     def __init__(
@@ -491,6 +538,7 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
         inner_scale: float = 1.0,
         outer_scale: float = 1.0,
         orthogonal_outer: bool = False,
+        gamma_space: str = "log",
         random_state=None,
     ):
         self.n_inner = n_inner
@@ -498,7 +546,21 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
         self.inner_scale = inner_scale
         self.outer_scale = outer_scale
         self.orthogonal_outer = orthogonal_outer
+        self.gamma_space = gamma_space
         self.random_state = random_state
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, np.ndarray]) -> "GaussianJointEmbeddingFeatures":
+        if "param_gamma_space" not in state:
+            # maps saved before gamma_space existed embedded Gamma messages in x
+            state = {**state, "param_gamma_space": np.asarray("linear")}
+        return super().from_state_dict(state)
+
+    @property
+    def _log_gamma(self) -> bool:
+        if self.gamma_space not in ("log", "linear"):
+            raise ValueError(f"gamma_space must be 'log' or 'linear', got {self.gamma_space!r}")
+        return self.gamma_space == "log"
 
     def fit(self, messages: Sequence[ExponentialFamily]) -> "GaussianJointEmbeddingFeatures":
         self._validate(messages, fitting=True)
@@ -506,7 +568,7 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
         c = len(messages)
         K = _check_even(self.n_inner, "n_inner") // 2
         self.unit_inner_ = rng.standard_normal((c, K))
-        self.base_lengthscales_ = _mean_lengthscales(messages, rng)
+        self.base_lengthscales_ = _mean_lengthscales(messages, rng, self._log_gamma)
         D_out = _check_even(self.n_outer, "n_outer")
         self.unit_outer_ = RandomFourierFeatures(
             "rbf", D_out, orthogonal=bool(self.orthogonal_outer), random_state=rng
@@ -533,7 +595,7 @@ class GaussianJointEmbeddingFeatures(_MessageFeatures):
 
     def _restore(self) -> None:
         ell = float(self.inner_scale) * np.asarray(self.base_lengthscales_)
-        self._inner = _JointEmbedding(self.unit_inner_, ell, self.families_)
+        self._inner = _JointEmbedding(self.unit_inner_, ell, self.families_, log_gamma=self._log_gamma)
         gamma = float(self.outer_scale) * float(self.outer_base_)
         self._outer = _rff_from(self.unit_outer_, gamma) if np.isfinite(gamma) else None
 
