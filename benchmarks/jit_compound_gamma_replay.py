@@ -24,9 +24,12 @@ Variants (``--variants``), all with the library's defaults otherwise:
   (digamma(a) - log b, trigamma(a)); the library now embeds them in log x exactly
   (``GaussianJointEmbeddingFeatures(gamma_space="log")``, the default);
 * ``linear-embedding``: Gamma messages embedded as laws of x, the library's map before
-  ``gamma_space`` existed (``gamma_space="linear"``).
+  ``gamma_space`` existed (``gamma_space="linear"``);
+* ``summed-evidence``: the regulariser chosen by the evidence summed over the outputs, the
+  library's rule before ``regularization_rule="smallest"``;
+* ``previous``: both of the above, the library before them (commit df07073).
 
-Run (one core, about 5 minutes for the default grid: 8 operator seeds, both oracles, 2 variants)::
+Run (one core, about 10 minutes for the default grid: 8 operator seeds, both oracles, 4 variants)::
 
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/jit_compound_gamma_replay.py
 
@@ -128,9 +131,12 @@ def install(variant: str) -> None:
             return select(self, features, messages, Y)
 
         kjit.KJITOperator._select = _select
-    elif variant == "linear-embedding":
-        make = kjit.KJITOperator._make_features
-        kjit.KJITOperator._make_features = lambda self: make(self).set_params(gamma_space="linear")
+    elif variant in ("linear-embedding", "summed-evidence", "previous"):
+        if variant != "summed-evidence":
+            make = kjit.KJITOperator._make_features
+            kjit.KJITOperator._make_features = lambda self: make(self).set_params(gamma_space="linear")
+        if variant != "linear-embedding":
+            kjit._REGULARIZATION_RULE = "summed"
     elif variant == "kl-rule":
         def current_excess(self, beliefs, messages, var):
             return _kl_excess(self, beliefs, messages, var)
@@ -231,7 +237,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="problem generator (the benchmark's)")
     parser.add_argument("--operator-seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
     parser.add_argument("--oracles", nargs="+", default=["quadrature", "importance"])
-    parser.add_argument("--variants", nargs="+", default=["default", "linear-embedding"])
+    parser.add_argument("--variants", nargs="+",
+                        default=["default", "summed-evidence", "linear-embedding", "previous"])
     parser.add_argument("--importance-seeds", type=int, default=8, help="operator seeds run with importance")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "jit_compound_gamma_replay.json")
     args = parser.parse_args()
@@ -247,6 +254,7 @@ def main() -> None:
     reference = np.stack([b.natural for b in ans.beliefs], axis=1)  # (P, 2 targets, 2)
 
     saved = dict(kjit.KJITOperator.__dict__)
+    rule = kjit._REGULARIZATION_RULE
     print(f"default feature map of this factor: {kjit.default_feature_sizes(factor.families, factor.size)}", flush=True)
     results = []
     for variant in args.variants:
@@ -255,6 +263,7 @@ def main() -> None:
             for seed in seeds:
                 for name in ("_make_features", "_select", "__call__"):
                     setattr(kjit.KJITOperator, name, saved[name])  # undo the previous variant
+                kjit._REGULARIZATION_RULE = rule
                 install(variant)
                 t0 = time.perf_counter()
                 r = replay(problems, factor, reference, oracle, seed)

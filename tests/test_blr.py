@@ -126,3 +126,28 @@ def test_auto_precision_leverage_is_accurate_and_falls_back_when_ill_conditioned
     np.testing.assert_array_equal(bad.leverage(Xt, precision="auto"), bad.leverage(Xt))
     with pytest.raises(ValueError, match="precision"):
         model.leverage(Xt, precision="half")
+
+
+def test_smallest_rule_fits_the_strong_output_when_signal_to_noise_ratios_differ():
+    # One lam gives every output the same signal-to-noise ratio 1/lam. A strong output
+    # (weights of s.d. 3, noise 0.01) beside a weak one (s.d. 0.01, same noise): the summed
+    # evidence compromises and over-smooths the strong one; "smallest" keeps it.
+    rng = np.random.default_rng(7)
+    n, D = 200, 150
+    Phi = rng.normal(size=(2 * n, D)) / np.sqrt(D)
+    W = np.column_stack([3.0 * rng.normal(size=D), 0.01 * rng.normal(size=D)])
+    F = Phi @ W
+    Y = F + 0.01 * rng.normal(size=F.shape)
+    fits = {rule: BayesianLinearRegression(regularization_rule=rule).fit(Phi[:n], Y[:n])
+            for rule in ("summed", "smallest")}
+    per_output = [BayesianLinearRegression().fit(Phi[:n], Y[:n, k]).regularization_ for k in range(2)]
+    assert fits["smallest"].regularization_ == pytest.approx(min(per_output), rel=1e-6)
+    assert fits["smallest"].regularization_ < 0.1 * fits["summed"].regularization_
+    err = {rule: np.sqrt(np.mean((m.predict(Phi[n:]) - F[n:]) ** 2, axis=0)) for rule, m in fits.items()}
+    assert err["smallest"][0] < 0.5 * err["summed"][0]  # the strong output, measured: 0.37 against 1.21
+    # the cost: the weak output partly fits its noise (s.d. 0.01): measured 0.022 against 0.009
+    assert err["smallest"][1] < 3 * 0.01
+    # the profiled noise of the strong output is the noise, not the summed fit's misfit
+    assert fits["smallest"].noise_var_[0] < 0.3 * fits["summed"].noise_var_[0]
+    with pytest.raises(ValueError, match="regularization_rule"):
+        BayesianLinearRegression(regularization_rule="mean")

@@ -54,17 +54,27 @@ class EvidenceCurve:
         logdet = np.sum(np.log(d)) - d.size * np.log(lam)
         return -0.5 * self.n * (np.log(2 * np.pi * s) + 1.0) - 0.5 * logdet
 
-    def best_lambda(self) -> float:
-        """The ``lam`` maximising the evidence summed over outputs (bounded 1-D search)."""
+    def best_lambda(self, rule: str = "summed") -> float:
+        """The ``lam`` maximising the evidence (bounded 1-D search on log ``lam``).
+
+        ``rule="summed"``: of the evidence summed over outputs. ``"smallest"``: the
+        smallest of the per-output maximisers (see :class:`BayesianLinearRegression`).
+        """
         grid = np.linspace(*_LOG_LAM_BOUNDS, 57)
-        values = np.array([self(np.exp(g)).sum() for g in grid])
+        values = np.array([self(np.exp(g)) for g in grid])  # (grid, K)
+        if rule == "summed":
+            return self._refine(grid, values.sum(axis=1), lambda v: v.sum())
+        if rule == "smallest":
+            return min(self._refine(grid, values[:, k], lambda v, k=k: v[k]) for k in range(values.shape[1]))
+        raise ValueError(f"rule must be 'summed' or 'smallest', got {rule!r}")
+
+    def _refine(self, grid: np.ndarray, values: np.ndarray, pick) -> float:
+        """Polish the grid's best log ``lam`` between its neighbours."""
         i = int(np.argmax(values))
         lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
         if hi <= lo:
             return float(np.exp(grid[i]))
-        res = optimize.minimize_scalar(
-            lambda g: -self(np.exp(g)).sum(), bounds=(lo, hi), method="bounded"
-        )
+        res = optimize.minimize_scalar(lambda g: -pick(self(np.exp(g))), bounds=(lo, hi), method="bounded")
         return float(np.exp(res.x if res.fun <= -values[i] else grid[i]))
 
 
@@ -101,6 +111,17 @@ class BayesianLinearRegression:
     center : bool, default True
         Subtract the mean of the outputs seen by :meth:`fit` (kept fixed during
         later :meth:`partial_fit` calls, so online and batch updates agree).
+    regularization_rule : {"summed", "smallest"}, default "summed"
+        How ``regularization=None`` is chosen. One ``lam`` serves every output, so
+        every output gets the same signal-to-noise ratio ``sigma_0^2 / sigma_y^2 =
+        1 / lam``. ``"summed"`` maximises the evidence summed over outputs; when the
+        outputs' signal-to-noise ratios differ by orders of magnitude (a KJIT
+        operator regressing a belief's log rate that moves by units beside a log
+        shape that moves by hundredths, from noisy oracle answers), that compromise
+        over-smooths the strong output and books its misfit as noise. ``"smallest"``
+        takes the smallest of the per-output maximisers: every output gets at least
+        the prior variance it needs; the weaker ones, under-regularised, partly fit
+        their noise, so their errors grow to the order of that noise.
 
     Attributes
     ----------
@@ -114,9 +135,13 @@ class BayesianLinearRegression:
     n_samples_seen_ : int
     """
 
-    def __init__(self, regularization: float | None = None, *, center: bool = True) -> None:
+    def __init__(self, regularization: float | None = None, *, center: bool = True,
+                 regularization_rule: str = "summed") -> None:
         self.regularization = regularization
         self.center = center
+        if regularization_rule not in ("summed", "smallest"):
+            raise ValueError(f"regularization_rule must be 'summed' or 'smallest', got {regularization_rule!r}")
+        self.regularization_rule = regularization_rule
 
     # ------------------------------------------------------------------ fitting
     def fit(self, Phi: np.ndarray, Y: np.ndarray) -> "BayesianLinearRegression":
@@ -130,7 +155,7 @@ class BayesianLinearRegression:
         yy = np.einsum("nk,nk->k", Yc, Yc)
         if self.regularization is None:
             curve = _evidence_curve(Phi, Yc, G, b, yy)
-            lam = curve.best_lambda()
+            lam = curve.best_lambda(self.regularization_rule)
         else:
             lam = float(self.regularization)
             if not lam > 0:
@@ -278,11 +303,12 @@ class BayesianLinearRegression:
         return self.log_evidence_.copy()
 
     def get_params(self, deep: bool = True) -> dict:
-        return {"regularization": self.regularization, "center": self.center}
+        return {"regularization": self.regularization, "center": self.center,
+                "regularization_rule": self.regularization_rule}
 
     def set_params(self, **params) -> "BayesianLinearRegression":
         for key, value in params.items():
-            if key not in ("regularization", "center"):
+            if key not in ("regularization", "center", "regularization_rule"):
                 raise ValueError(f"unknown parameter {key!r}")
             setattr(self, key, value)
         return self
