@@ -575,3 +575,28 @@ def test_an_ordered_logistic_outcome_is_refused_naming_it_as_categorical():
         pm.OrderedLogistic("y", eta=b * x, cutpoints=np.array([-1.0, 1.0]), observed=np.arange(12) % 3)
     with pytest.raises(UnsupportedModelError, match=r"^y: CategoricalRV .*pm.OrderedLogistic"):
         build_factor_graph(model)
+
+
+def test_auto_damping_does_not_cycle_between_two_steps():
+    # The damping controller compared raw changes of sweeps made with different steps: after
+    # the step was doubled (0.05 -> 0.1) the sweep moved twice as far by design, was taken for
+    # an overshoot and the step halved again, forever (not converged in 50 sweeps, where
+    # damping=1 converges in 9). Sweeps are now compared by change / step.
+    rng = np.random.default_rng(42)
+    x = rng.normal(size=60)
+    y = np.exp(0.2 + 0.5 * x + 0.3 * rng.normal(size=60))
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0, shape=2)
+        s = pm.HalfCauchy("s", 1.0)
+        pm.LogNormal("y", mu=b[0] + b[1] * x, sigma=s, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)
+    assert idata.ep.attrs["converged"]
+    # exact posterior of s on a grid: b | s is Gaussian and integrates out in closed form
+    X, z = np.column_stack([np.ones_like(x), x]), np.log(y)
+    # z ~ N(0, X X' + s^2 I): in the eigenbasis of X X' its terms are independent
+    lam, U = np.linalg.eigh(X @ X.T)
+    r2 = (U.T @ z) ** 2
+    grid = np.linspace(0.1, 0.5, 2001)
+    var = lam[None, :] + grid[:, None] ** 2
+    logp = stats.halfcauchy.logpdf(grid) - 0.5 * np.sum(np.log(var) + r2 / var, axis=1)
+    assert_ep_matches_grid(idata, logp, {"s": grid}, mean_tol=0.05)
