@@ -145,6 +145,7 @@ def fit(
     timings["graph"] = time.perf_counter() - t0
 
     store = OperatorStore(operators) if operators is not None else None
+    _warn_non_centred(graph)
     methods, kjits, oracles = _methods(graph, method, oracle, store, n_importance_samples, tol, rng)
     # EP's own linear algebra is on the joint Gaussian of the real latents (tens to
     # hundreds of dimensions) and on N x dim plate arrays: too small for OpenBLAS's threads
@@ -314,6 +315,50 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
 
 _SHARED_INSTANCES = 10
 _SMALL_IMPORTANCE_FACTOR = 50  # KJITMethod's min_fit: below it, a first fit pools sweeps
+
+
+def _distinct_rows(slot: LinearSlot) -> int:
+    """Number of distinct projections among the rows of a linear slot (``c`` ignored)."""
+    A = np.asarray(slot.A).reshape(slot.size, -1)
+    r = np.random.default_rng(0).standard_normal(A.shape[1])  # fixed: a hash, not a draw
+    return int(np.unique(A @ r).size)
+
+
+def _warn_non_centred(graph) -> None:
+    """Warn about a likelihood reading a repeated projection and other latents in a product.
+
+    A factor of two or more linear slots and a positive latent is how a non-centred group
+    effect ``mu + tau * z[g]`` arrives (an affine mean would be one slot). Where each
+    ``z[g]`` is read by several instances, EP's factorised messages ignore the strong
+    posterior correlation of ``mu``, ``z`` and ``tau`` once per instance: with 20
+    observations per group (N = 120, 6 groups) the posterior sds of ``mu`` and ``tau``
+    came out 0.07 and 0.04 for exact 0.44 and 0.41, silently. The centred form is exact
+    to 0.04 sd there. One observation per ``z[j]`` (eight schools) is fine, so no warning.
+    """
+    for f in graph.factors:
+        if f.kind != "likelihood" or f.analytic is not None:
+            continue
+        linear = [f.inputs[i] for i in f.latent_inputs if isinstance(f.inputs[i], LinearSlot)]
+        scales = [f.inputs[i] for i in f.latent_inputs
+                  if isinstance(f.inputs[i], ElementSlot) and f.inputs[i].family.name == "Gamma"]
+        if len(linear) < 2 or not scales:
+            continue
+        for slot in linear:
+            d = _distinct_rows(slot)
+            if 1 < d and slot.size >= 2 * d:
+                used = np.any(np.asarray(slot.A).reshape(slot.size, -1) != 0, axis=0)
+                names = [v.name for v in graph.gaussian_variables if used[v.offset:v.offset + v.size].any()]
+                warnings.warn(
+                    f"{f.name}: the likelihood reads {', '.join(names)} ({d} distinct values repeated over "
+                    f"{slot.size} observations) in a product with {', '.join(sorted({s.variable for s in scales}))}"
+                    " and another linear predictor, as in a non-centred group effect mu + tau * z[group]. EP's "
+                    "factorised messages can then underestimate posterior sds several-fold (see docs/ep.md, "
+                    "Known limitations); the centred form a = pm.Normal('a', mu, tau), a[group], is "
+                    "semi-analytic and accurate",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                break
 
 
 def shares_a_latent(factor, min_instances: int = _SHARED_INSTANCES) -> bool:
