@@ -26,6 +26,7 @@ from pmkjit.errors import UnsupportedModelError
 from pmkjit.families import Gaussian, family_by_name
 from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
+from pmkjit.graph.centre import centre_non_centred
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
 
 __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
@@ -114,6 +115,14 @@ def fit(
         convergence trace, guard events, oracle calls, time in each part, and the EP
         posterior itself in closed form: see :func:`ep_posterior`).
 
+    Notes
+    -----
+    A named non-centred group effect read by several observations per element,
+    ``a = pm.Deterministic("a", mu + tau * z)`` with ``a[group]``, is fitted in its centred
+    form ``a ~ Normal(mu, tau)`` (the same model; EP's factorised messages are accurate on
+    it and not on the non-centred one); ``z`` is then computed from the draws and
+    ``ep.attrs["centred"]`` names it. See :func:`pmkjit.graph.centre.centre_non_centred`.
+
     Raises
     ------
     UnsupportedModelError
@@ -137,10 +146,11 @@ def fit(
         raise ValueError(f"tol must be a number >= 0, got {tol!r}")
     adaptive = damping == "auto"
     step = 1.0 if adaptive else float(damping)
-    model = pm.modelcontext(model)
+    original = pm.modelcontext(model)
     rng = as_generator(random_seed, "random_seed")
     timings: dict[str, float] = {}
     t_fit = t0 = time.perf_counter()
+    model, centred = _centred(original)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
     timings["graph"] = time.perf_counter() - t0
 
@@ -239,7 +249,10 @@ def fit(
         t0 = time.perf_counter()
         idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
         timings["draws"] = time.perf_counter() - t0
+        if centred:
+            idata = _as_original(idata, original)
         ep = _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
+        ep.attrs["centred"] = ", ".join(centred)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "ep" is not one of ArviZ's schema groups
             idata.add_groups({"ep": ep})
@@ -251,6 +264,24 @@ def fit(
             sampling_time=time.perf_counter() - t_fit,
         )
         return idata
+
+
+def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
+    """``model`` with its non-centred group effects centred (see :mod:`pmkjit.graph.centre`)."""
+    try:
+        return centre_non_centred(model)
+    except Exception:  # noqa: BLE001
+        # the rewrite only changes how EP sees a model it could also fit as written: a
+        # graph it cannot rewrite (an unusual PyMC construct) is fitted unchanged
+        return model, []
+
+
+def _as_original(idata: az.InferenceData, original: pm.Model) -> az.InferenceData:
+    """The posterior of a centred rewrite with the original model's variables in its order."""
+    post = idata.posterior
+    order = [v.name for v in original.free_RVs + original.deterministics if v.name in post]
+    idata.posterior = post[order + [v for v in post.data_vars if v not in order]]
+    return idata
 
 
 def _count(name: str, value, minimum: int) -> int:
