@@ -680,3 +680,22 @@ def test_a_non_centred_effect_not_rewritten_is_warned_about():
     assert centre_non_centred(unnamed) == (unnamed, [])
     with pytest.warns(UserWarning, match=r"^y: the likelihood reads z"):
         _warn_non_centred(build_factor_graph(unnamed))
+
+
+def test_a_centred_effect_without_a_location_has_a_semi_analytic_prior():
+    # u = z * sd (no mu): its centred prior Normal(0, sd) must have a constant mean, or it
+    # became a black-box factor (quadrature; the logistic model below took 50 sweeps, not
+    # converged, instead of 9)
+    from pmkjit.graph.centre import centre_non_centred
+
+    rng = np.random.default_rng(8)
+    g, X = rng.integers(0, 5, 90), rng.normal(size=(90, 2))
+    with pm.Model(coords={"grp": list("abcde")}) as model:
+        beta = pm.Normal("beta", 0.0, 1.0, shape=2)
+        sd = pm.HalfNormal("sd", 1.0)
+        u = pm.Deterministic("u", pm.Normal("z", 0.0, 1.0, dims="grp") * sd, dims="grp")
+        pm.Bernoulli("y", logit_p=pm.math.dot(X, beta) + u[g], observed=(X[:, 0] > 0).astype(int))
+    centred, names = centre_non_centred(model)
+    assert names == ["z"]
+    (f,) = [f for f in build_factor_graph(centred).factors if f.name == "u"]
+    assert f.analytic == "normal-scale"

@@ -150,7 +150,8 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         m0_v, s0_v = np.asarray(m0.eval()), np.asarray(s0.eval())
         centre = scale * m0 if loc is None else loc + scale * m0
         if np.all(m0_v == 0.0):
-            centre = pt.zeros_like(scale) if loc is None else loc
+            # a constant, not zeros_like(scale): that would read as a latent-dependent mean
+            centre = pt.constant(0.0) if loc is None else loc
         sd = scale if np.all(s0_v == 1.0) else scale * s0
         new_rng = pytensor.shared(np.random.default_rng(len(rewritten)))
         new_rv = pt.random.normal(centre, sd, size=size, rng=new_rng)
