@@ -699,3 +699,15 @@ def test_a_centred_effect_without_a_location_has_a_semi_analytic_prior():
     assert names == ["z"]
     (f,) = [f for f in build_factor_graph(centred).factors if f.name == "u"]
     assert f.analytic == "normal-scale"
+
+
+def test_data_of_the_wrong_shape_is_refused_with_a_readable_message():
+    # the message named y but printed the covariate's values as the parameter's name:
+    # "y: parameter [ 1.230153 ... 74900e-01] of shape (10,) does not broadcast ..."
+    x, y = np.linspace(-1.0, 1.0, 10), np.linspace(0.0, 1.0, 12)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Normal("y", b * x, pm.HalfNormal("s", 1.0), observed=y)
+    with pytest.raises(UnsupportedModelError, match=r"^y: a constant array \(data\) in its parameters of shape "
+                                                     r"\(10,\) does not broadcast to the variable's shape \(12,\)"):
+        build_factor_graph(model)
