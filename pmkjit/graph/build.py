@@ -280,9 +280,12 @@ class _Builder:
         try:
             return np.broadcast_to(np.asarray(value, dtype=float), plate).ravel().copy()
         except ValueError:
+            # an unnamed constant (a numpy covariate in ``b * x``) has its values as its str:
+            # the message printed "parameter [ 1.230153 ... 74900e-01]"
+            what = f"parameter {var.name}" if var.name else "a constant array (data) in its parameters"
             raise UnsupportedModelError(
-                f"{owner}: parameter {_label(var)} of shape {np.shape(value)} does not broadcast to the "
-                f"variable's shape {plate}"
+                f"{owner}: {what} of shape {np.shape(value)} does not broadcast to the variable's shape {plate} "
+                "(for a likelihood, the observed data's shape)"
             ) from None
 
     def _rebuild(self, params: Sequence[Variable], leaves: dict) -> tuple[list, list, list[Variable]]:

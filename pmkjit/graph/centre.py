@@ -1,0 +1,175 @@
+"""Rewrite non-centred group effects ``loc + scale * z`` into their centred form.
+
+EP's factorised messages handle ``a ~ Normal(mu, tau)``, ``y ~ Normal(a[g], s)`` well (the
+prior is semi-analytic), but not the non-centred form PyMC users write for NUTS,
+``z ~ Normal(0, 1)``, ``a = mu + tau * z``: there ``mu``, ``z[g]`` and ``tau`` are three
+inputs of each likelihood instance, whose strong posterior correlation EP ignores once per
+instance (N = 120 in 6 groups: posterior sds of ``mu`` and ``tau`` of 0.07 and 0.04 where
+the exact ones are 0.44 and 0.41). Both forms are the same model: ``a = loc + scale * z``
+with ``z ~ Normal(m0, s0)`` is ``a ~ Normal(loc + scale * m0, scale * s0)`` and
+``z = (a - loc) / scale``, so the model is rewritten before EP and ``z`` kept as a
+deterministic of the draws.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+from pymc.model.fgraph import (
+    ModelDeterministic,
+    ModelFreeRV,
+    fgraph_from_model,
+    model_deterministic,
+    model_free_rv,
+    model_from_fgraph,
+)
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.fg import Output
+from pytensor.graph.traversal import ancestors
+from pytensor.scalar import Add, Mul
+from pytensor.tensor.elemwise import Elemwise
+from pytensor.tensor.random.basic import NormalRV
+from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
+
+__all__ = ["centre_non_centred"]
+
+
+def _free_rvs(var, model_vars) -> set:
+    """The model variables among ``var``'s ancestors."""
+    return {v for v in ancestors([var]) if v in model_vars}
+
+
+def _users(fg, var) -> list:
+    """Apply nodes reading ``var`` (not the graph's output markers)."""
+    return [c for c, _ in fg.clients[var] if not isinstance(c.op, Output)]
+
+
+def _read_repeatedly(fg, effect) -> bool:
+    """Whether ``effect`` is indexed by constant indices that repeat its elements (``a[group]``).
+
+    Only then does the non-centred form go wrong in EP: with one observation per element
+    (the non-centred eight schools) it is fitted well as written, and rewriting it would
+    leave ``z`` a ratio of independent EP marginals, wider than its posterior.
+    """
+    for user in _users(fg, effect):
+        if not isinstance(user.op, (AdvancedSubtensor, AdvancedSubtensor1)) or user.inputs[0] is not effect:
+            continue
+        for idx in user.inputs[1:]:
+            if isinstance(idx, SharedVariable):
+                values = np.asarray(idx.get_value())
+            elif isinstance(idx, pt.TensorConstant):
+                values = np.asarray(idx.data)
+            else:
+                continue
+            if values.dtype.kind in "iu" and values.size >= 2 * max(len(np.unique(values)), 1) \
+                    and len(np.unique(values)) > 1:
+                return True
+    return False
+
+
+def _is_elemwise(node, scalar_op) -> bool:
+    """Whether ``node`` is a binary elementwise ``scalar_op`` (``Mul``, ``Add``)."""
+    return node is not None and isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, scalar_op) \
+        and len(node.inputs) == 2
+
+
+def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
+    """The model with every ``loc + scale * z`` (``z`` a Normal latent read nowhere else) centred.
+
+    Parameters
+    ----------
+    model : pymc.Model
+
+    Returns
+    -------
+    model : pymc.Model
+        ``model`` itself when nothing was rewritten, else a new model in which each
+        rewritten ``z`` is a ``pm.Deterministic`` (same name and dims) of a Normal latent
+        named after the ``pm.Deterministic`` that held ``loc + scale * z``.
+    rewritten : list of str
+        Names of the rewritten ``z``.
+
+    Notes
+    -----
+    Rewritten only where it is safe: ``z`` has a Normal prior with constant parameters
+    and no transform, its only use is ``scale * z`` (optionally ``+ loc``) of its own shape,
+    ``scale`` depends on latents with a log transform (positive) and not on ``z``, ``loc``
+    does not depend on ``z``, the effect is a ``pm.Deterministic`` and it is indexed by
+    constant or ``pm.Data`` indices that repeat its elements.
+    """
+    if not any(isinstance(rv.owner.op, NormalRV) for rv in model.free_RVs):
+        return model, []
+    fg, _ = fgraph_from_model(model)
+    model_outputs = {o for o in fg.outputs if o.owner is not None and isinstance(o.owner.op, ModelFreeRV)}
+    rewritten: list[str] = []
+    for node in list(fg.toposort()):
+        if node not in fg.apply_nodes or not isinstance(node.op, ModelFreeRV) or node.op.transform is not None:
+            continue
+        zv = node.outputs[0]
+        rv, _value, *z_dims = node.inputs
+        if rv.owner is None or not isinstance(rv.owner.op, NormalRV):
+            continue
+        _rng, size, m0, s0 = rv.owner.inputs
+        if _free_rvs(m0, model_outputs) or _free_rvs(s0, model_outputs):
+            continue
+        users = _users(fg, zv)
+        if len(users) != 1 or not _is_elemwise(users[0], Mul):
+            continue
+        mul = users[0]
+        scale = mul.inputs[1] if mul.inputs[0] is zv else mul.inputs[0]
+        scale_rvs = _free_rvs(scale, model_outputs)
+        if not scale_rvs or zv in scale_rvs or any(
+                not isinstance(v.owner.op.transform, pm.distributions.transforms.LogTransform) for v in scale_rvs):
+            continue
+        effect, loc = mul.outputs[0], None
+        add_users = _users(fg, effect)
+        if len(add_users) == 1 and _is_elemwise(add_users[0], Add):
+            add = add_users[0]
+            loc = add.inputs[1] if add.inputs[0] is effect else add.inputs[0]
+            if zv in _free_rvs(loc, model_outputs | {zv}):
+                continue
+            effect = add.outputs[0]
+        if effect.type.broadcastable != zv.type.broadcastable:
+            continue  # loc or scale would make the effect larger than z
+        if not _read_repeatedly(fg, effect):
+            continue
+        dets = [c for c in _users(fg, effect) if isinstance(c.op, ModelDeterministic)]
+        if len(dets) != 1:
+            # Only a named effect is rewritten: its posterior is then the accurate one the
+            # user reads. The draws of z are ratios of independent EP marginals of a - loc
+            # and scale, wider than z's posterior (sd ratios 1.25-3.3 against NUTS, and
+            # 15-20 where the scale's posterior reaches near 0): where z and the scales
+            # are all the user has, the model is fitted as written (and fit warns).
+            continue
+        det = dets[0]
+        name, dims = det.outputs[0].name, det.inputs[1:]
+        # the usual z ~ Normal(0, 1) gives Normal(loc, scale), whose scale is the latent
+        # itself: the semi-analytic Normal-with-a-latent-scale form, not a black box
+        m0_v, s0_v = np.asarray(m0.eval()), np.asarray(s0.eval())
+        centre = scale * m0 if loc is None else loc + scale * m0
+        if np.all(m0_v == 0.0):
+            # a constant, not zeros_like(scale): that would read as a latent-dependent mean
+            centre = pt.constant(0.0) if loc is None else loc
+        sd = scale if np.all(s0_v == 1.0) else scale * s0
+        new_rng = pytensor.shared(np.random.default_rng(len(rewritten)))
+        new_rv = pt.random.normal(centre, sd, size=size, rng=new_rng)
+        new_rv.name = name
+        value = new_rv.type(name=name)
+        a_free = model_free_rv(new_rv, value, None, *dims)
+        a_free.name = name
+        z_det = model_deterministic((a_free - (0.0 if loc is None else loc)) / scale, *z_dims)  # = z
+        z_det.name = zv.name
+        fg.replace_all([(effect, a_free)], import_missing=True)
+        drop = {zv, det.outputs[0]}
+        for i in reversed(range(len(fg.outputs))):
+            if fg.outputs[i] in drop:
+                fg.remove_output(i)
+        fg.add_output(a_free, import_missing=True)
+        fg.add_output(z_det, import_missing=True)
+        model_outputs = (model_outputs - {zv}) | {a_free}
+        rewritten.append(zv.name)
+    if not rewritten:
+        return model, []
+    return model_from_fgraph(fg, mutate_fgraph=True), rewritten
