@@ -241,6 +241,17 @@ class _Builder:
         if node is not None and _pass_through(node.op):
             self._walk(node.inputs[0], plate, owner, leaves, seen)
             return
+        bad_shape = _broadcast_mismatch(var, plate)
+        if bad_shape is not None:
+            # The usual cause: pm.set_data on the covariates or group index (40 rows) and
+            # not on the observations (80). The affine and index probes cannot broadcast
+            # such an expression, so it used to be refused for the wrong reason ("depends on
+            # latent a through AdvancedSubtensor ..., neither affine ... nor elementwise").
+            raise UnsupportedModelError(
+                f"{owner}: an expression in its parameters ({_label(var)}) has shape {bad_shape}, which does not "
+                f"broadcast to the variable's shape {tuple(plate)} (for a likelihood, the observed data's shape); after "
+                "pm.set_data on covariates or indices, set the observations to the same length too"
+            )
         op_name = type(node.op).__name__ if node is not None else "an input"
         raise UnsupportedModelError(
             f"{owner}: its parameters depend on latent {', '.join(d.name for d in deps)} through {op_name} "
@@ -828,6 +839,22 @@ def _conjugate_prior(opname: str, family: type, consts: list) -> np.ndarray | No
     if family is Beta and opname == "UniformRV":
         return np.zeros(2)
     return None
+
+
+def _broadcast_mismatch(var: Variable, plate: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape of ``var`` if it does not broadcast to ``plate``, else None.
+
+    Used only to give a failed walk its real reason. Shapes follow from the constants, the
+    data and the latents' fixed shapes (no draw); a graph whose shape cannot be evaluated
+    gives None.
+    """
+    try:
+        shape = tuple(int(d) for d in pytensor.function([], var.shape, on_unused_input="ignore")())
+        return None if np.broadcast_shapes(shape, tuple(plate)) == tuple(plate) else shape
+    except ValueError:
+        return shape
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = ()) -> None:
