@@ -769,3 +769,48 @@ def test_set_data_on_covariates_but_not_observations_is_refused_naming_the_shape
     with pytest.raises(UnsupportedModelError, match=r"^y: .* has shape \(40,\), which does not broadcast to "
                                                      r"the variable's shape \(80,\)"):
         pmkjit.fit(model=model, random_seed=1, progressbar=False)
+
+
+def test_a_parameter_constant_in_value_is_not_a_latent_input():
+    # pm.Gamma(mu=exp(eta), sigma=exp(eta) / 2) has alpha = mu**2 / sigma**2 = 4 whatever
+    # eta: the walk made it a linear slot with A = 0, a second latent input of zero cavity
+    # variance, and the factor a two-input one (N = 50: 196 s, not converged in 50 sweeps;
+    # now one input, 5 sweeps, 3 s)
+    rng = np.random.default_rng(21)
+    x = rng.normal(size=30)
+    y = rng.gamma(4.0, np.exp(0.5 + 0.3 * x) / 4.0)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 2.0)
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Gamma("y", mu=pm.math.exp(a + b * x), sigma=pm.math.exp(a + b * x) / 2.0, observed=y)
+    (f,) = build_factor_graph(model).factors
+    assert len(f.latent_inputs) == 1
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)
+    assert idata.ep.attrs["converged"] == 1
+    # grid posterior: y ~ Gamma(4, rate 4 exp(-(a + b x)))
+    ga, gb = np.meshgrid(np.linspace(-0.2, 1.2, 281), np.linspace(-0.5, 1.0, 301), indexing="ij")
+    eta = ga[..., None] + gb[..., None] * x
+    logp = (stats.norm.logpdf(ga, 0, 2) + stats.norm.logpdf(gb, 0, 1)
+            + stats.gamma.logpdf(y, 4.0, scale=np.exp(eta) / 4.0).sum(-1))
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    post = pmkjit.ep_posterior(idata)
+    for name, grid in (("a", ga), ("b", gb)):
+        mean = (w * grid).sum()
+        sd = np.sqrt((w * (grid - mean) ** 2).sum())
+        assert abs(post[name].mean()[0] - mean) < 0.1 * sd
+        assert 0.9 < np.sqrt(post[name].var()[0]) / sd < 1.1
+
+
+def test_a_likelihood_constant_in_value_is_a_constant_factor():
+    # the branch the test above opens: a likelihood whose parameters do not move with
+    # the latents (b - b) has no latent input left and adds nothing to the posterior
+    y = np.random.default_rng(0).normal(1.0, 1.0, 20)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 10.0)
+        pm.Normal("y", b, 1.0, observed=y)
+        pm.StudentT("y2", nu=4, mu=b - b, sigma=1.0, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)
+    post, prec = pmkjit.ep_posterior(idata)["b"], 0.01 + 20
+    np.testing.assert_allclose([post.mean()[0], post.var()[0]], [y.sum() / prec, 1.0 / prec], rtol=1e-8)
+    assert idata.log_likelihood["y2"].shape == (2, 10, 20)
