@@ -814,3 +814,15 @@ def test_a_likelihood_constant_in_value_is_a_constant_factor():
     post, prec = pmkjit.ep_posterior(idata)["b"], 0.01 + 20
     np.testing.assert_allclose([post.mean()[0], post.var()[0]], [y.sum() / prec, 1.0 / prec], rtol=1e-8)
     assert idata.log_likelihood["y2"].shape == (2, 10, 20)
+
+
+def test_a_gaussian_process_with_a_latent_length_scale_is_refused_naming_the_cholesky():
+    # refused "through DimShuffle (DimShuffle)", a reshape on the way; the cause is the
+    # Cholesky factor of the covariance, a function of the latent ls
+    X = np.linspace(0.0, 5.0, 8)[:, None]
+    with pm.Model() as model:
+        ls = pm.Gamma("ls", 2.0, 1.0)
+        f = pm.gp.Latent(cov_func=pm.gp.cov.ExpQuad(1, ls=ls)).prior("f", X=X)
+        pm.Normal("y", f, 0.3, observed=np.sin(X[:, 0]))
+    with pytest.raises(UnsupportedModelError, match=r"^y: .*latent ls.*inside it: .*Cholesky"):
+        build_factor_graph(model)

@@ -34,7 +34,8 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.compile.ops import ViewOp
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
-from pytensor.tensor.shape import SpecifyShape
+from pytensor.tensor.basic import Eye
+from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.sharedvar import TensorSharedVariable
 from pytensor.tensor.type_other import NoneConst
@@ -262,9 +263,11 @@ class _Builder:
                 "pm.set_data on covariates or indices, set the observations to the same length too"
             )
         op_name = type(node.op).__name__ if node is not None else "an input"
+        inner = _inner_operations(var, self.latent_rvs)
         raise UnsupportedModelError(
             f"{owner}: its parameters depend on latent {', '.join(d.name for d in deps)} through {op_name} "
-            f"({_label(var)}), which is neither affine in the real-valued latents nor elementwise; pmkjit "
+            f"({_label(var)}{'; inside it: ' + inner if inner else ''}), which is neither affine in the "
+            "real-valued latents nor elementwise; pmkjit "
             "needs each observation's parameters to be an elementwise function of linear predictors and "
             "scalar latents"
         )
@@ -850,6 +853,36 @@ def _conjugate_prior(opname: str, family: type, consts: list) -> np.ndarray | No
     if family is Beta and opname == "UniformRV":
         return np.zeros(2)
     return None
+
+
+def _inner_operations(var: Variable, latents: Sequence[Variable], limit: int = 3) -> str:
+    """The first non-elementwise operations between ``var`` and the latents, for a message.
+
+    The walk stops at the outermost operation it cannot see through, often a reshaping
+    one: a Gaussian process with a latent length scale was refused "through DimShuffle
+    (DimShuffle)", where the cause is the Cholesky factor of its covariance inside
+    (``pm.gp.Latent``: ``f = cholesky(K(ls)) @ v``). Named variables passed on the way
+    are listed too.
+    """
+    found: list[str] = []
+    queue, seen = [var], set()
+    while queue and len(found) < limit:
+        v = queue.pop(0)
+        if id(v) in seen or v.owner is None or not latent_ancestors(v, latents) or v in latents:
+            continue
+        seen.add(id(v))
+        op = v.owner.op
+        if isinstance(op, (Eye, Shape, Shape_i)):
+            continue  # reads the latents' shapes only (the jitter eye(K.shape[0]) of a GP covariance)
+        label = None
+        if v is not var and v.name:
+            label = repr(v.name)
+        elif not isinstance(op, (Elemwise, DimShuffle, ViewOp, SpecifyShape)) and v is not var:
+            label = str(getattr(op, "core_op", op))
+        if label is not None and label not in found:
+            found.append(label)
+        queue.extend(v.owner.inputs)
+    return ", ".join(found)
 
 
 # below this (relative to the constant), the coefficients of an affine expression are rounding
