@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import arviz as az
@@ -147,10 +147,19 @@ def fit(
     adaptive = damping == "auto"
     step = 1.0 if adaptive else float(damping)
     original = pm.modelcontext(model)
+    if not original.free_RVs:
+        # pm.sample refuses this too; EP would otherwise run no sweep and fail building an
+        # InferenceData without a posterior ("'InferenceData' object has no attribute 'posterior'")
+        raise UnsupportedModelError(
+            "the model has no free (latent) variables, so there is no posterior to fit: its "
+            f"observations ({', '.join(v.name for v in original.observed_RVs) or 'none'}) depend on data "
+            "only; use pm.sample_prior_predictive or pm.draw for forward samples"
+        )
     rng = as_generator(random_seed, "random_seed")
     timings: dict[str, float] = {}
     t_fit = t0 = time.perf_counter()
-    model, centred = _centred(original)
+    with _default_initial_values(original):
+        model, centred = _centred(original)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
     timings["graph"] = time.perf_counter() - t0
 
@@ -247,7 +256,8 @@ def fit(
                     store.save_pending(f, *k.pending_answers())  # too few to fit on yet: keep for the next fit
 
         t0 = time.perf_counter()
-        idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
+        with _default_initial_values(original):
+            idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
         timings["draws"] = time.perf_counter() - t0
         if centred:
             idata = _as_original(idata, original)
@@ -264,6 +274,26 @@ def fit(
             sampling_time=time.perf_counter() - t_fit,
         )
         return idata
+
+
+@contextmanager
+def _default_initial_values(model: pm.Model) -> Iterator[None]:
+    """Hide the model's ``initval=`` settings for the duration of the block.
+
+    EP starts from its priors and never reads a latent's initial value, but PyMC's
+    ``fgraph_from_model`` (behind ``pm.compute_log_likelihood`` and the non-centred rewrite)
+    raises ``NotImplementedError: Cannot convert models with non-default initial_values``:
+    a model with ``pm.Normal("b", 0, 1, initval=0.1)`` crashed after EP had converged, and
+    its non-centred effects were silently left non-centred. The values are restored on exit.
+    """
+    saved = dict(model.rvs_to_initial_values)
+    try:
+        for rv in model.rvs_to_initial_values:
+            model.rvs_to_initial_values[rv] = None
+        yield
+    finally:
+        model.rvs_to_initial_values.clear()
+        model.rvs_to_initial_values.update(saved)
 
 
 def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:

@@ -34,7 +34,8 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.compile.ops import ViewOp
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
-from pytensor.tensor.shape import SpecifyShape
+from pytensor.tensor.basic import Eye
+from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.sharedvar import TensorSharedVariable
 from pytensor.tensor.type_other import NoneConst
@@ -226,7 +227,16 @@ class _Builder:
         if all(v.in_gaussian_block for v in dep_vars):
             affine = affine_coefficients(var, self.block, self.graph.n_theta, plate, self.rng)
             if affine is not None:
-                leaves[id(var)] = (var, LinearSlot(affine[0], affine[1], _label(var)))
+                A, c = affine
+                if np.abs(A).max(initial=0.0) <= _CONSTANT_ATOL * max(1.0, np.abs(c).max(initial=0.0)):
+                    # Latent in the graph but constant in value: pm.Gamma(mu=exp(eta),
+                    # sigma=exp(eta) / 2) has alpha = mu**2 / sigma**2 = 4. As a linear slot
+                    # with A = 0 it was a second latent input of zero cavity variance: the
+                    # factor became a 2-D quadrature one, 196 s and not converged in 50
+                    # sweeps at N = 50 (NUTS 3 s). A constant is what it is.
+                    leaves[id(var)] = (var, float(c[0]) if np.all(c == c[0]) else DataSlot(c.copy(), _label(var)))
+                    return
+                leaves[id(var)] = (var, LinearSlot(A, c, _label(var)))
                 return
         if len(deps) == 1 and not dep_vars[0].in_gaussian_block:
             index = self._element_index(var, deps[0], plate)
@@ -241,10 +251,23 @@ class _Builder:
         if node is not None and _pass_through(node.op):
             self._walk(node.inputs[0], plate, owner, leaves, seen)
             return
+        bad_shape = _broadcast_mismatch(var, plate)
+        if bad_shape is not None:
+            # The usual cause: pm.set_data on the covariates or group index (40 rows) and
+            # not on the observations (80). The affine and index probes cannot broadcast
+            # such an expression, so it used to be refused for the wrong reason ("depends on
+            # latent a through AdvancedSubtensor ..., neither affine ... nor elementwise").
+            raise UnsupportedModelError(
+                f"{owner}: an expression in its parameters ({_label(var)}) has shape {bad_shape}, which does not "
+                f"broadcast to the variable's shape {tuple(plate)} (for a likelihood, the observed data's shape); after "
+                "pm.set_data on covariates or indices, set the observations to the same length too"
+            )
         op_name = type(node.op).__name__ if node is not None else "an input"
+        inner = _inner_operations(var, self.latent_rvs)
         raise UnsupportedModelError(
             f"{owner}: its parameters depend on latent {', '.join(d.name for d in deps)} through {op_name} "
-            f"({_label(var)}), which is neither affine in the real-valued latents nor elementwise; pmkjit "
+            f"({_label(var)}{'; inside it: ' + inner if inner else ''}), which is neither affine in the "
+            "real-valued latents nor elementwise; pmkjit "
             "needs each observation's parameters to be an elementwise function of linear predictors and "
             "scalar latents"
         )
@@ -631,6 +654,8 @@ class _Builder:
         for p in params:
             self._walk(p, plate, rv.name, leaves, seen)
         B = int(np.prod(plate, dtype=int))
+        if kind == "likelihood" and not any(isinstance(slot, (LinearSlot, ElementSlot)) for _, slot in leaves.values()):
+            return  # its parameters are constant in value (latents that cancel out): a constant factor
         if not any(not isinstance(slot, float) for _, slot in leaves.values()):
             # all parameters are scalars: a zero "plate" input gives the sampler its batch shape
             anchor = pt.constant(0.0)
@@ -828,6 +853,56 @@ def _conjugate_prior(opname: str, family: type, consts: list) -> np.ndarray | No
     if family is Beta and opname == "UniformRV":
         return np.zeros(2)
     return None
+
+
+def _inner_operations(var: Variable, latents: Sequence[Variable], limit: int = 3) -> str:
+    """The first non-elementwise operations between ``var`` and the latents, for a message.
+
+    The walk stops at the outermost operation it cannot see through, often a reshaping
+    one: a Gaussian process with a latent length scale was refused "through DimShuffle
+    (DimShuffle)", where the cause is the Cholesky factor of its covariance inside
+    (``pm.gp.Latent``: ``f = cholesky(K(ls)) @ v``). Named variables passed on the way
+    are listed too.
+    """
+    found: list[str] = []
+    queue, seen = [var], set()
+    while queue and len(found) < limit:
+        v = queue.pop(0)
+        if id(v) in seen or v.owner is None or not latent_ancestors(v, latents) or v in latents:
+            continue
+        seen.add(id(v))
+        op = v.owner.op
+        if isinstance(op, (Eye, Shape, Shape_i)):
+            continue  # reads the latents' shapes only (the jitter eye(K.shape[0]) of a GP covariance)
+        label = None
+        if v is not var and v.name:
+            label = repr(v.name)
+        elif not isinstance(op, (Elemwise, DimShuffle, ViewOp, SpecifyShape)) and v is not var:
+            label = str(getattr(op, "core_op", op))
+        if label is not None and label not in found:
+            found.append(label)
+        queue.extend(v.owner.inputs)
+    return ", ".join(found)
+
+
+# below this (relative to the constant), the coefficients of an affine expression are rounding
+_CONSTANT_ATOL = 1e-12
+
+
+def _broadcast_mismatch(var: Variable, plate: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape of ``var`` if it does not broadcast to ``plate``, else None.
+
+    Used only to give a failed walk its real reason. Shapes follow from the constants, the
+    data and the latents' fixed shapes (no draw); a graph whose shape cannot be evaluated
+    gives None.
+    """
+    try:
+        shape = tuple(int(d) for d in pytensor.function([], var.shape, on_unused_input="ignore")())
+        return None if np.broadcast_shapes(shape, tuple(plate)) == tuple(plate) else shape
+    except ValueError:
+        return shape
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = ()) -> None:
