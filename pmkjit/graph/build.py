@@ -898,11 +898,12 @@ def _broadcast_mismatch(var: Variable, plate: tuple[int, ...]) -> tuple[int, ...
     """
     try:
         shape = tuple(int(d) for d in pytensor.function([], var.shape, on_unused_input="ignore")())
-        return None if np.broadcast_shapes(shape, tuple(plate)) == tuple(plate) else shape
-    except ValueError:
-        return shape
     except Exception:  # noqa: BLE001
         return None
+    try:
+        return None if np.broadcast_shapes(shape, tuple(plate)) == tuple(plate) else shape
+    except ValueError:  # does not broadcast at all
+        return shape
 
 
 def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = ()) -> None:
