@@ -826,3 +826,25 @@ def test_a_gaussian_process_with_a_latent_length_scale_is_refused_naming_the_cho
         pm.Normal("y", f, 0.3, observed=np.sin(X[:, 0]))
     with pytest.raises(UnsupportedModelError, match=r"^y: .*latent ls.*inside it: .*Cholesky"):
         build_factor_graph(model)
+
+
+def test_a_latent_invalid_at_the_initial_point_does_not_make_the_data_look_out_of_support():
+    # pm.Normal("s", 0, 1, transform=log) starts at s = 0 (log s = -inf), so every point of
+    # the support check had sigma = 0 and the data were refused as "outside the support";
+    # EP does not start from the initial point and fits the half-normal scale exactly
+    y = np.random.default_rng(8).normal(0.0, 1.5, 20)
+    with pm.Model() as model:
+        s = pm.Normal("s", 0.0, 1.0, transform=pm.distributions.transforms.log)
+        pm.Normal("y", 0.0, s, observed=y)
+    assert not np.isfinite(model.initial_point()["s_log__"])
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)
+    grid = np.linspace(1e-3, 8.0, 40_000)
+    logp = stats.halfnorm.logpdf(grid) + stats.norm.logpdf(y[:, None], 0.0, grid).sum(0)
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    mean = np.sum(w * grid)
+    sd = np.sqrt(np.sum(w * (grid - mean) ** 2))
+    q = pmkjit.ep_posterior(idata)["s"]
+    assert abs(q.mean()[0] - mean) < 0.05 * sd
+    assert 0.9 < np.sqrt(q.var()[0]) / sd < 1.1
+

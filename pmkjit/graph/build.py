@@ -743,6 +743,10 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
     The model's initial point and two points jittered by U(-1, 1) in the transformed
     space (as ``pm.sample`` jitters its start), so that a parameter which is invalid
     only at the initial point (``lam = b * x`` at ``b = 0``) does not count as bad data.
+    A non-finite entry of the initial point (``pm.Normal("s", 0, 1, transform=log)``
+    starts at ``log(0) = -inf``) is replaced by 0 in the transformed space before the
+    jitter: EP does not start from the initial point, and a latent that is invalid there
+    made every point invalid, so that the data were refused as lying outside the support.
     Variables whose density PyMC cannot derive are left out.
     """
     latents = list(model.free_RVs)
@@ -758,7 +762,7 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
     if not obs:
         return {}
     try:
-        point = model.initial_point()
+        point = {k: np.where(np.isfinite(v), v, 0.0) for k, v in model.initial_point().items()}
         inputs = [v for v in model.value_vars if v.name in point]
         graphs = model.logp(vars=obs, sum=False, jacobian=False)
         fn = compile_function(inputs, [parameter_checks_to_ninf(g) for g in graphs])
