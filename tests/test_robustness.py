@@ -848,3 +848,12 @@ def test_a_latent_invalid_at_the_initial_point_does_not_make_the_data_look_out_o
     assert abs(q.mean()[0] - mean) < 0.05 * sd
     assert 0.9 < np.sqrt(q.var()[0]) / sd < 1.1
 
+
+def test_a_gaussian_random_walk_is_refused_naming_it_and_the_cumsum_alternative():
+    # the stochastic volatility model: the refusal named only PyMC's op, "RandomWalkRV"
+    with pm.Model() as model:
+        step = pm.Exponential("step", 10.0)
+        vol = pm.GaussianRandomWalk("vol", sigma=step, shape=30, init_dist=pm.Normal.dist(0.0, 1.0))
+        pm.Normal("r", 0.0, pm.math.exp(-2.0 * vol) ** -0.5, observed=np.zeros(30))
+    with pytest.raises(UnsupportedModelError, match=r"^vol: .*pm\.GaussianRandomWalk.*pt\.cumsum"):
+        build_factor_graph(model)

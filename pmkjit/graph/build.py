@@ -83,6 +83,28 @@ _CONJUGATE = {
 # Observations whose conjugate parameter may be a nonlinear function of latents: the
 # paper's split into a deterministic factor and an analytic observation.
 _SPLIT = ("BernoulliRV", "BinomialRV", "PoissonRV")
+
+# PyMC time-series distributions whose op names do not say how the user wrote them
+# (``pm.GaussianRandomWalk`` builds a ``RandomWalkRV``), with what EP can do instead
+_TIME_SERIES = {
+    "RandomWalkRV": (
+        "pm.GaussianRandomWalk / pm.RandomWalk",
+        "; a walk with a constant step size can be written as pt.cumsum of pm.Normal increments (affine, "
+        "supported), a latent step size cannot",
+    ),
+    "AutoRegressiveRV": ("pm.AR", ""),
+    "GARCH11RV": ("pm.GARCH11", ""),
+    "EulerMaruyamaRV": ("pm.EulerMaruyama", ""),
+}
+
+
+def _multivariate_name(op) -> tuple[str, str]:
+    """How the user wrote a multivariate ``op`` (``"pm.AR (AutoRegressiveRV)"``) and a hint."""
+    opname = type(op).__name__
+    if opname in _TIME_SERIES:
+        pymc_name, hint = _TIME_SERIES[opname]
+        return f"{pymc_name} ({opname})", hint
+    return opname, ""
 # Distributions whose support moves with their parameters: an observation outside it at
 # the points tried may be inside it elsewhere, so the support check leaves them alone.
 _PARAMETER_SUPPORT = ("UniformRV", "TriangularRV", "ParetoRV", "DiscreteUniformRV", "HyperGeometricRV")
@@ -181,8 +203,9 @@ class _Builder:
         tname = type(transform).__name__ if transform is not None else None
         if tname is None:
             if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",):
+                what, hint = _multivariate_name(op)
                 raise UnsupportedModelError(
-                    f"{name}: multivariate latent {type(op).__name__} is not supported (only MvNormal)"
+                    f"{name}: multivariate latent {what} is not supported (only MvNormal){hint}"
                 )
             return Gaussian
         if tname == "LogTransform":
@@ -417,8 +440,9 @@ class _Builder:
             bad = np.argwhere(~np.isfinite(y))[0].tolist()
             raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
         if getattr(op, "ndim_supp", 0) != 0:
+            what, _ = _multivariate_name(op)
             raise UnsupportedModelError(
-                f"{rv.name}: multivariate likelihood {opname} is not supported; write it elementwise"
+                f"{rv.name}: multivariate likelihood {what} is not supported; write it elementwise"
             )
         plate = y.shape
         params = list(op.dist_params(rv.owner))
