@@ -28,6 +28,7 @@ from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
 from pmkjit.graph.centre import centre_non_centred
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
+from pmkjit.graph.observed import observed_as_data
 
 __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 
@@ -511,7 +512,11 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
             coords=coords,
             dims=dims,
         )
-        det = pm.compute_deterministics(idata.posterior, model=model, merge_dataset=True, progressbar=False)
+        # pm.compute_deterministics evaluates the model's graph with only the free variables
+        # given, so a deterministic reading an observed variable (a + b * x, x observed) got a
+        # fresh random draw of x per posterior draw, not its data as in pm.sample
+        det = pm.compute_deterministics(idata.posterior, model=observed_as_data(model), merge_dataset=True,
+                                        progressbar=False)
         idata.posterior = det
         if with_loglik and model.observed_RVs:
             pm.compute_log_likelihood(idata, model=model, progressbar=False)

@@ -52,6 +52,7 @@ from pmkjit.graph.factor_graph import (
     LatentVariable,
     LinearSlot,
 )
+from pmkjit.graph.observed import observed_as_data
 from pmkjit.graph.pytensor_tools import (
     affine_coefficients,
     compile_function,
@@ -105,6 +106,8 @@ def _multivariate_name(op) -> tuple[str, str]:
         pymc_name, hint = _TIME_SERIES[opname]
         return f"{pymc_name} ({opname})", hint
     return opname, ""
+
+
 # Distributions whose support moves with their parameters: an observation outside it at
 # the points tried may be inside it elsewhere, so the support check leaves them alone.
 _PARAMETER_SUPPORT = ("UniformRV", "TriangularRV", "ParetoRV", "DiscreteUniformRV", "HyperGeometricRV")
@@ -135,7 +138,8 @@ def build_factor_graph(model: pm.Model, random_seed: int | None = 0) -> FactorGr
         missing data, latents outside the reals / (0, 1) / (0, inf), parameters that
         depend on latents through non-elementwise operations, multivariate factors).
     """
-    return _Builder(model, np.random.default_rng(random_seed)).build()
+    # an observed variable read by another variable stands for its data, as in model.logp
+    return _Builder(observed_as_data(model), np.random.default_rng(random_seed)).build()
 
 
 class _Builder:
