@@ -260,8 +260,9 @@ def fit(
         with _default_initial_values(original):
             idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
         timings["draws"] = time.perf_counter() - t0
-        if centred:
-            idata = _as_original(idata, original)
+        # the centring and observed_as_data rewrites rebuild the model, whose free variables
+        # come out in another order (x's parent after the regression coefficients)
+        idata = _as_original(idata, original)
         ep = _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
         ep.attrs["centred"] = ", ".join(centred)
         with warnings.catch_warnings():
@@ -308,7 +309,7 @@ def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
 
 
 def _as_original(idata: az.InferenceData, original: pm.Model) -> az.InferenceData:
-    """The posterior of a centred rewrite with the original model's variables in its order."""
+    """The posterior of a rewritten model with the original model's variables in its order."""
     post = idata.posterior
     order = [v.name for v in original.free_RVs + original.deterministics if v.name in post]
     idata.posterior = post[order + [v for v in post.data_vars if v not in order]]

@@ -885,3 +885,4 @@ def test_an_observed_variable_read_by_another_variable_stands_for_its_data(laten
         np.testing.assert_allclose(post["mx"].mean()[0], xd.sum() / (xd.size + 1 / 25.0), rtol=1e-8)
     p = idata.posterior
     np.testing.assert_allclose(p["mu"].values, p["a"].values[..., None] + p["b"].values[..., None] * xd, atol=1e-12)
+    assert list(p.data_vars) == ["mx"] * latent_parent + ["a", "b", "mu"]  # pm.sample's order
