@@ -28,6 +28,7 @@ from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
 from pmkjit.graph.centre import centre_non_centred
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
+from pmkjit.graph.observed import observed_as_data
 
 __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 
@@ -259,8 +260,9 @@ def fit(
         with _default_initial_values(original):
             idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
         timings["draws"] = time.perf_counter() - t0
-        if centred:
-            idata = _as_original(idata, original)
+        # the centring and observed_as_data rewrites rebuild the model, whose free variables
+        # come out in another order (x's parent after the regression coefficients)
+        idata = _as_original(idata, original)
         ep = _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
         ep.attrs["centred"] = ", ".join(centred)
         with warnings.catch_warnings():
@@ -307,7 +309,7 @@ def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
 
 
 def _as_original(idata: az.InferenceData, original: pm.Model) -> az.InferenceData:
-    """The posterior of a centred rewrite with the original model's variables in its order."""
+    """The posterior of a rewritten model with the original model's variables in its order."""
     post = idata.posterior
     order = [v.name for v in original.free_RVs + original.deterministics if v.name in post]
     idata.posterior = post[order + [v for v in post.data_vars if v not in order]]
@@ -511,7 +513,11 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
             coords=coords,
             dims=dims,
         )
-        det = pm.compute_deterministics(idata.posterior, model=model, merge_dataset=True, progressbar=False)
+        # pm.compute_deterministics evaluates the model's graph with only the free variables
+        # given, so a deterministic reading an observed variable (a + b * x, x observed) got a
+        # fresh random draw of x per posterior draw, not its data as in pm.sample
+        det = pm.compute_deterministics(idata.posterior, model=observed_as_data(model), merge_dataset=True,
+                                        progressbar=False)
         idata.posterior = det
         if with_loglik and model.observed_RVs:
             pm.compute_log_likelihood(idata, model=model, progressbar=False)

@@ -826,3 +826,63 @@ def test_a_gaussian_process_with_a_latent_length_scale_is_refused_naming_the_cho
         pm.Normal("y", f, 0.3, observed=np.sin(X[:, 0]))
     with pytest.raises(UnsupportedModelError, match=r"^y: .*latent ls.*inside it: .*Cholesky"):
         build_factor_graph(model)
+
+
+def test_a_latent_invalid_at_the_initial_point_does_not_make_the_data_look_out_of_support():
+    # pm.Normal("s", 0, 1, transform=log) starts at s = 0 (log s = -inf), so every point of
+    # the support check had sigma = 0 and the data were refused as "outside the support";
+    # EP does not start from the initial point and fits the half-normal scale exactly
+    y = np.random.default_rng(8).normal(0.0, 1.5, 20)
+    with pm.Model() as model:
+        s = pm.Normal("s", 0.0, 1.0, transform=pm.distributions.transforms.log)
+        pm.Normal("y", 0.0, s, observed=y)
+    assert not np.isfinite(model.initial_point()["s_log__"])
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)
+    grid = np.linspace(1e-3, 8.0, 40_000)
+    logp = stats.halfnorm.logpdf(grid) + stats.norm.logpdf(y[:, None], 0.0, grid).sum(0)
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    mean = np.sum(w * grid)
+    sd = np.sqrt(np.sum(w * (grid - mean) ** 2))
+    q = pmkjit.ep_posterior(idata)["s"]
+    assert abs(q.mean()[0] - mean) < 0.05 * sd
+    assert 0.9 < np.sqrt(q.var()[0]) / sd < 1.1
+
+
+def test_a_gaussian_random_walk_is_refused_naming_it_and_the_cumsum_alternative():
+    # the stochastic volatility model: the refusal named only PyMC's op, "RandomWalkRV"
+    with pm.Model() as model:
+        step = pm.Exponential("step", 10.0)
+        vol = pm.GaussianRandomWalk("vol", sigma=step, shape=30, init_dist=pm.Normal.dist(0.0, 1.0))
+        pm.Normal("r", 0.0, pm.math.exp(-2.0 * vol) ** -0.5, observed=np.zeros(30))
+    with pytest.raises(UnsupportedModelError, match=r"^vol: .*pm\.GaussianRandomWalk.*pt\.cumsum"):
+        build_factor_graph(model)
+
+
+@pytest.mark.parametrize("latent_parent", [False, True])
+def test_an_observed_variable_read_by_another_variable_stands_for_its_data(latent_parent):
+    # x = pm.Normal("x", mx, 1, observed=xd), y ~ Normal(a + b * x, 0.5): PyMC reads x as xd.
+    # The walk evaluated x as one random draw when its parameters were constant (a silently
+    # wrong covariate) and refused "latent mx through NormalRV (x)" otherwise; the
+    # deterministic a + b * x got a fresh draw of x per posterior draw (pm.compute_deterministics)
+    rng = np.random.default_rng(14)
+    xd = rng.normal(1.0, 1.0, 30)
+    yd = 0.5 + 2.0 * xd + rng.normal(0.0, 0.5, 30)
+    with pm.Model() as model:
+        mx = pm.Normal("mx", 0.0, 5.0) if latent_parent else 0.0
+        x = pm.Normal("x", mx, 1.0, observed=xd)
+        a = pm.Normal("a", 0.0, 5.0)
+        b = pm.Normal("b", 0.0, 5.0)
+        mu = pm.Deterministic("mu", a + b * x)
+        pm.Normal("y", mu, 0.5, observed=yd)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=20)
+    post = pmkjit.ep_posterior(idata)
+    X = np.column_stack([np.ones_like(xd), xd])
+    prec = X.T @ X / 0.25 + np.eye(2) / 25.0
+    exact = np.linalg.solve(prec, X.T @ yd / 0.25)
+    np.testing.assert_allclose([post["a"].mean()[0], post["b"].mean()[0]], exact, rtol=1e-8)
+    if latent_parent:
+        np.testing.assert_allclose(post["mx"].mean()[0], xd.sum() / (xd.size + 1 / 25.0), rtol=1e-8)
+    p = idata.posterior
+    np.testing.assert_allclose(p["mu"].values, p["a"].values[..., None] + p["b"].values[..., None] * xd, atol=1e-12)
+    assert list(p.data_vars) == ["mx"] * latent_parent + ["a", "b", "mu"]  # pm.sample's order

@@ -52,6 +52,7 @@ from pmkjit.graph.factor_graph import (
     LatentVariable,
     LinearSlot,
 )
+from pmkjit.graph.observed import observed_as_data
 from pmkjit.graph.pytensor_tools import (
     affine_coefficients,
     compile_function,
@@ -83,6 +84,30 @@ _CONJUGATE = {
 # Observations whose conjugate parameter may be a nonlinear function of latents: the
 # paper's split into a deterministic factor and an analytic observation.
 _SPLIT = ("BernoulliRV", "BinomialRV", "PoissonRV")
+
+# PyMC time-series distributions whose op names do not say how the user wrote them
+# (``pm.GaussianRandomWalk`` builds a ``RandomWalkRV``), with what EP can do instead
+_TIME_SERIES = {
+    "RandomWalkRV": (
+        "pm.GaussianRandomWalk / pm.RandomWalk",
+        "; a walk with a constant step size can be written as pt.cumsum of pm.Normal increments (affine, "
+        "supported), a latent step size cannot",
+    ),
+    "AutoRegressiveRV": ("pm.AR", ""),
+    "GARCH11RV": ("pm.GARCH11", ""),
+    "EulerMaruyamaRV": ("pm.EulerMaruyama", ""),
+}
+
+
+def _multivariate_name(op) -> tuple[str, str]:
+    """How the user wrote a multivariate ``op`` (``"pm.AR (AutoRegressiveRV)"``) and a hint."""
+    opname = type(op).__name__
+    if opname in _TIME_SERIES:
+        pymc_name, hint = _TIME_SERIES[opname]
+        return f"{pymc_name} ({opname})", hint
+    return opname, ""
+
+
 # Distributions whose support moves with their parameters: an observation outside it at
 # the points tried may be inside it elsewhere, so the support check leaves them alone.
 _PARAMETER_SUPPORT = ("UniformRV", "TriangularRV", "ParetoRV", "DiscreteUniformRV", "HyperGeometricRV")
@@ -113,7 +138,8 @@ def build_factor_graph(model: pm.Model, random_seed: int | None = 0) -> FactorGr
         missing data, latents outside the reals / (0, 1) / (0, inf), parameters that
         depend on latents through non-elementwise operations, multivariate factors).
     """
-    return _Builder(model, np.random.default_rng(random_seed)).build()
+    # an observed variable read by another variable stands for its data, as in model.logp
+    return _Builder(observed_as_data(model), np.random.default_rng(random_seed)).build()
 
 
 class _Builder:
@@ -181,8 +207,9 @@ class _Builder:
         tname = type(transform).__name__ if transform is not None else None
         if tname is None:
             if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",):
+                what, hint = _multivariate_name(op)
                 raise UnsupportedModelError(
-                    f"{name}: multivariate latent {type(op).__name__} is not supported (only MvNormal)"
+                    f"{name}: multivariate latent {what} is not supported (only MvNormal){hint}"
                 )
             return Gaussian
         if tname == "LogTransform":
@@ -417,8 +444,9 @@ class _Builder:
             bad = np.argwhere(~np.isfinite(y))[0].tolist()
             raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
         if getattr(op, "ndim_supp", 0) != 0:
+            what, _ = _multivariate_name(op)
             raise UnsupportedModelError(
-                f"{rv.name}: multivariate likelihood {opname} is not supported; write it elementwise"
+                f"{rv.name}: multivariate likelihood {what} is not supported; write it elementwise"
             )
         plate = y.shape
         params = list(op.dist_params(rv.owner))
@@ -743,6 +771,10 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
     The model's initial point and two points jittered by U(-1, 1) in the transformed
     space (as ``pm.sample`` jitters its start), so that a parameter which is invalid
     only at the initial point (``lam = b * x`` at ``b = 0``) does not count as bad data.
+    A non-finite entry of the initial point (``pm.Normal("s", 0, 1, transform=log)``
+    starts at ``log(0) = -inf``) is replaced by 0 in the transformed space before the
+    jitter: EP does not start from the initial point, and a latent that is invalid there
+    made every point invalid, so that the data were refused as lying outside the support.
     Variables whose density PyMC cannot derive are left out.
     """
     latents = list(model.free_RVs)
@@ -758,7 +790,7 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
     if not obs:
         return {}
     try:
-        point = model.initial_point()
+        point = {k: np.where(np.isfinite(v), v, 0.0) for k, v in model.initial_point().items()}
         inputs = [v for v in model.value_vars if v.name in point]
         graphs = model.logp(vars=obs, sum=False, jacobian=False)
         fn = compile_function(inputs, [parameter_checks_to_ninf(g) for g in graphs])

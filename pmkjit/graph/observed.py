@@ -1,0 +1,65 @@
+"""Make model variables that read an observed variable read its observed data instead.
+
+In PyMC an observed variable used in another variable's parameters stands for its data:
+``x = pm.Normal("x", mx, 1, observed=xd)``, ``pm.Normal("y", a + b * x, s, observed=yd)``
+is a regression on ``xd`` (with a model for ``xd``), and ``model.logp`` and ``pm.sample``
+replace ``x`` by ``xd``. The model walk follows each parameter's graph, where ``x`` is
+still the random variable: ``b * x`` was refused as depending "on latent mx through
+NormalRV (x)", and with constant parameters (``pm.Normal("x", 0, 1, observed=xd)``)
+``x`` was evaluated as one random draw, a silently wrong covariate (a = 2.57, b = 0.14
+where the exact posterior means are 0.62 and 1.95).
+"""
+
+from __future__ import annotations
+
+import pymc as pm
+from pymc.model.fgraph import ModelObservedRV, fgraph_from_model, model_from_fgraph
+from pytensor.graph.fg import Output
+from pytensor.graph.traversal import ancestors
+
+__all__ = ["observed_as_data"]
+
+
+def _reads_an_observed(model: pm.Model) -> bool:
+    """Whether some variable of ``model`` other than an observed one itself reads one."""
+    observed = set(model.observed_RVs)
+    if not observed:
+        return False
+    inputs = [i for rv in model.basic_RVs for i in rv.owner.inputs] + list(model.deterministics)
+    return any(v in observed for v in ancestors(inputs))
+
+
+def observed_as_data(model: pm.Model) -> pm.Model:
+    """``model`` with every use of an observed variable by another variable replaced by its data.
+
+    Parameters
+    ----------
+    model : pymc.Model
+
+    Returns
+    -------
+    pymc.Model
+        ``model`` itself where no variable reads an observed one (the common case), else
+        a rewritten copy with the same variables, coords and dims; the observed variables
+        keep their own distributions and data.
+    """
+    if not _reads_an_observed(model):
+        return model
+    # fgraph_from_model refuses models with initval= settings; EP never reads them
+    saved = dict(model.rvs_to_initial_values)
+    try:
+        for rv in model.rvs_to_initial_values:
+            model.rvs_to_initial_values[rv] = None
+        fg, _ = fgraph_from_model(model)
+    finally:
+        model.rvs_to_initial_values.clear()
+        model.rvs_to_initial_values.update(saved)
+    for node in list(fg.toposort()):
+        if not isinstance(node.op, ModelObservedRV):
+            continue
+        var, data = node.outputs[0], node.inputs[1]
+        data = var.type.filter_variable(data, allow_convert=True)
+        for client, i in list(fg.clients[var]):
+            if not isinstance(client.op, Output):
+                fg.change_node_input(client, i, data, reason="observed_as_data")
+    return model_from_fgraph(fg, mutate_fgraph=True)
