@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import arviz as az
@@ -28,7 +28,7 @@ from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
 from pmkjit.graph.centre import centre_non_centred
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
-from pmkjit.graph.observed import observed_as_data
+from pmkjit.graph.observed import default_initial_values, observed_as_data
 
 __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 
@@ -159,7 +159,7 @@ def fit(
     rng = as_generator(random_seed, "random_seed")
     timings: dict[str, float] = {}
     t_fit = t0 = time.perf_counter()
-    with _default_initial_values(original):
+    with default_initial_values(original):
         model, centred = _centred(original)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
     timings["graph"] = time.perf_counter() - t0
@@ -257,7 +257,7 @@ def fit(
                     store.save_pending(f, *k.pending_answers())  # too few to fit on yet: keep for the next fit
 
         t0 = time.perf_counter()
-        with _default_initial_values(original):
+        with default_initial_values(original):
             idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
         timings["draws"] = time.perf_counter() - t0
         # the centring and observed_as_data rewrites rebuild the model, whose free variables
@@ -276,26 +276,6 @@ def fit(
             sampling_time=time.perf_counter() - t_fit,
         )
         return idata
-
-
-@contextmanager
-def _default_initial_values(model: pm.Model) -> Iterator[None]:
-    """Hide the model's ``initval=`` settings for the duration of the block.
-
-    EP starts from its priors and never reads a latent's initial value, but PyMC's
-    ``fgraph_from_model`` (behind ``pm.compute_log_likelihood`` and the non-centred rewrite)
-    raises ``NotImplementedError: Cannot convert models with non-default initial_values``:
-    a model with ``pm.Normal("b", 0, 1, initval=0.1)`` crashed after EP had converged, and
-    its non-centred effects were silently left non-centred. The values are restored on exit.
-    """
-    saved = dict(model.rvs_to_initial_values)
-    try:
-        for rv in model.rvs_to_initial_values:
-            model.rvs_to_initial_values[rv] = None
-        yield
-    finally:
-        model.rvs_to_initial_values.clear()
-        model.rvs_to_initial_values.update(saved)
 
 
 def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:

@@ -12,12 +12,35 @@ where the exact posterior means are 0.62 and 1.95).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pymc as pm
 from pymc.model.fgraph import ModelObservedRV, fgraph_from_model, model_from_fgraph
 from pytensor.graph.fg import Output
 from pytensor.graph.traversal import ancestors
 
-__all__ = ["observed_as_data"]
+__all__ = ["default_initial_values", "observed_as_data"]
+
+
+@contextmanager
+def default_initial_values(model: pm.Model) -> Iterator[None]:
+    """Hide the model's ``initval=`` settings for the duration of the block.
+
+    EP starts from its priors and never reads a latent's initial value, but PyMC's
+    ``fgraph_from_model`` (behind ``pm.compute_log_likelihood`` and the model rewrites)
+    raises ``NotImplementedError: Cannot convert models with non-default initial_values``:
+    a model with ``pm.Normal("b", 0, 1, initval=0.1)`` crashed after EP had converged, and
+    its non-centred effects were silently left non-centred. The values are restored on exit.
+    """
+    saved = dict(model.rvs_to_initial_values)
+    try:
+        for rv in model.rvs_to_initial_values:
+            model.rvs_to_initial_values[rv] = None
+        yield
+    finally:
+        model.rvs_to_initial_values.clear()
+        model.rvs_to_initial_values.update(saved)
 
 
 def _reads_an_observed(model: pm.Model) -> bool:
@@ -45,15 +68,8 @@ def observed_as_data(model: pm.Model) -> pm.Model:
     """
     if not _reads_an_observed(model):
         return model
-    # fgraph_from_model refuses models with initval= settings; EP never reads them
-    saved = dict(model.rvs_to_initial_values)
-    try:
-        for rv in model.rvs_to_initial_values:
-            model.rvs_to_initial_values[rv] = None
+    with default_initial_values(model):  # fgraph_from_model refuses initval= settings
         fg, _ = fgraph_from_model(model)
-    finally:
-        model.rvs_to_initial_values.clear()
-        model.rvs_to_initial_values.update(saved)
     for node in list(fg.toposort()):
         if not isinstance(node.op, ModelObservedRV):
             continue
