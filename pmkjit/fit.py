@@ -360,11 +360,21 @@ _SHARED_INSTANCES = 10
 _SMALL_IMPORTANCE_FACTOR = 50  # KJITMethod's min_fit: below it, a first fit pools sweeps
 
 
+def _row_keys(slot: LinearSlot, with_offset: bool = True) -> np.ndarray:
+    """One number per row of a linear slot, equal for equal rows (``A`` and, optionally, ``c``).
+
+    A fixed random projection of each row: sorting B numbers is cheap where ``A``
+    (B x n_theta) may be hundreds of megabytes.
+    """
+    A = np.asarray(slot.A).reshape(slot.size, -1)
+    r = np.random.default_rng(0).standard_normal(A.shape[1] + 1)  # fixed: a hash, not a draw
+    keys = A @ r[:-1]
+    return keys + slot.c * r[-1] if with_offset else keys
+
+
 def _distinct_rows(slot: LinearSlot) -> int:
     """Number of distinct projections among the rows of a linear slot (``c`` ignored)."""
-    A = np.asarray(slot.A).reshape(slot.size, -1)
-    r = np.random.default_rng(0).standard_normal(A.shape[1])  # fixed: a hash, not a draw
-    return int(np.unique(A @ r).size)
+    return int(np.unique(_row_keys(slot, with_offset=False)).size)
 
 
 def _warn_non_centred(graph) -> None:
@@ -416,11 +426,7 @@ def shares_a_latent(factor, min_instances: int = _SHARED_INSTANCES) -> bool:
         if isinstance(slot, ElementSlot):
             keys = slot.index.reshape(slot.size, -1)
         elif isinstance(slot, LinearSlot):
-            # one random projection per row: equal rows give equal keys, and sorting B
-            # numbers is cheap where A (B x n_theta) may be hundreds of megabytes
-            A = np.asarray(slot.A).reshape(slot.size, -1)
-            r = np.random.default_rng(0).standard_normal(A.shape[1] + 1)  # fixed: a hash, not a draw
-            keys = (A @ r[:-1] + slot.c * r[-1])[:, None]
+            keys = _row_keys(slot)[:, None]
         else:
             continue
         if slot.size >= min_instances and np.unique(keys, axis=0, return_counts=True)[1].max() >= min_instances:
