@@ -161,6 +161,8 @@ def fit(
     t_fit = t0 = time.perf_counter()
     with default_initial_values(original):
         model, centred = _centred(original)
+    # one rewrite serves the factor graph, the deterministics and the log-likelihood
+    model = observed_as_data(model)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
     timings["graph"] = time.perf_counter() - t0
 
@@ -499,11 +501,11 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
             coords=coords,
             dims=dims,
         )
-        # pm.compute_deterministics evaluates the model's graph with only the free variables
-        # given, so a deterministic reading an observed variable (a + b * x, x observed) got a
-        # fresh random draw of x per posterior draw, not its data as in pm.sample
-        det = pm.compute_deterministics(idata.posterior, model=observed_as_data(model), merge_dataset=True,
-                                        progressbar=False)
+        # ``model`` reads observed variables as their data (observed_as_data, in fit):
+        # pm.compute_deterministics evaluates the graph with only the free variables given,
+        # so a deterministic reading an observed x (a + b * x) would otherwise get a fresh
+        # random draw of x per posterior draw, not its data as in pm.sample
+        det = pm.compute_deterministics(idata.posterior, model=model, merge_dataset=True, progressbar=False)
         idata.posterior = det
         if with_loglik and model.observed_RVs:
             pm.compute_log_likelihood(idata, model=model, progressbar=False)
