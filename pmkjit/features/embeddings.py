@@ -348,7 +348,7 @@ class _JointEmbedding:
 def _embedded_mean(message: ExponentialFamily, log_gamma: bool) -> np.ndarray:
     """Mean of the variable as the embedding sees it (``E[log x]`` for a log-space Gamma)."""
     if log_gamma and isinstance(message, Gamma):
-        return special.digamma(np.asarray(message.shape, dtype=float)) - np.log(np.asarray(message.rate, dtype=float))
+        return np.asarray(message.unconstrained_moments()[0], dtype=float)
     return np.asarray(message.mean(), dtype=float)
 
 
