@@ -34,7 +34,10 @@ __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 
 _METHODS = ("kjit", "oracle", "quadrature")
 _MIN_AUTO_DAMPING = 0.05
-_REVERT_FACTOR = 2.0  # a sweep changing the posterior this many times more than the last kept one is undone
+_REVERT_FACTOR = 2.0  # a sweep changing the posterior this many times more than the last kept ones is undone
+# a sweep retried at half the step after being undone, and still this far of the undone
+# one's distance, is kept: the step was not what made it large
+_FUTILE_RETRY = 0.75
 _ORACLES = ("auto", "quadrature", "importance")
 _THREADED_BLAS_DIM = 1000  # larger joint Gaussians factorise faster on all cores
 
@@ -185,6 +188,7 @@ def fit(
         converged = not graph.factors
         # distances still to go (change / step) of the sweeps kept (the trace also has undone ones)
         accepted: list[float] = []
+        last_undone: float | None = None  # distance of the sweep just undone, if the last one was
         sweeps = 0
         limit_step = step  # damping of the last sweep: convergence needs change < tol * that
         t_ep = time.perf_counter()
@@ -205,7 +209,12 @@ def fit(
                 # two steps (0.05 and 0.1 on a LogNormal regression with a HalfCauchy scale:
                 # not converged in 50 sweeps, where damping=1 converges in 9).
                 distance = info.max_change / step
-                overshoot = adaptive and accepted and distance > accepted[-1]
+                # Parallel EP often contracts with a period-2 wobble (small, large, smaller,
+                # ...): measured against the last kept sweep alone, every large one of a
+                # converging wobble was an overshoot. Against the larger of the last two,
+                # only a sweep that moves farther than both is.
+                reference = max(accepted[-2:]) if accepted else np.inf
+                overshoot = adaptive and distance > reference
                 # Parallel updates of many sites computed from one cavity overshoot where
                 # the latents are strongly correlated (a logistic regression on an
                 # uncentred covariate: b0 and b1 at correlation -0.98). Keeping the
@@ -215,8 +224,15 @@ def fit(
                 # the step. A mild increase is kept (and the step halved): undoing those
                 # too left a hierarchical model crawling at step 0.125 without converging
                 # in 50 sweeps.
-                reverted = (overshoot and distance > _REVERT_FACTOR * accepted[-1]
-                            and step > _MIN_AUTO_DAMPING)
+                # A retried sweep that moves as far at half the step as it did undone is not
+                # an overshoot of the step, so undoing it again would only repeat it: on
+                # crossed random effects (5 x 4 levels) each such run undid six sweeps down
+                # to the smallest step, then climbed back, and EP did not converge in 50
+                # sweeps where damping=1 converges in 30.
+                futile = last_undone is not None and distance > _FUTILE_RETRY * last_undone
+                reverted = (overshoot and distance > _REVERT_FACTOR * reference
+                            and step > _MIN_AUTO_DAMPING and not futile)
+                last_undone = distance if reverted else None
                 if overshoot:
                     step = max(0.5 * step, _MIN_AUTO_DAMPING)
                 elif adaptive and accepted and (distance < 0.5 * accepted[-1] or (
