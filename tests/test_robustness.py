@@ -928,3 +928,57 @@ def test_an_observed_variable_read_by_another_variable_stands_for_its_data(laten
     p = idata.posterior
     np.testing.assert_allclose(p["mu"].values, p["a"].values[..., None] + p["b"].values[..., None] * xd, atol=1e-12)
     assert list(p.data_vars) == ["mx"] * latent_parent + ["a", "b", "mu"]  # pm.sample's order
+
+
+
+def _grid_moments(grid: np.ndarray, log_post: np.ndarray) -> tuple[float, float]:
+    """Mean and sd of a 1-D posterior given on an even grid by its unnormalised log density."""
+    w = np.exp(log_post - log_post.max())
+    w /= w.sum()
+    mean = float(np.sum(w * grid))
+    return mean, float(np.sqrt(np.sum(w * (grid - mean) ** 2)))
+
+
+@pytest.mark.parametrize("case", ["zero-truncated Poisson", "truncated StudentT"])
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # PyMC's truncated Poisson sampler calls pytensor's scan
+def test_a_truncated_likelihood_of_any_base_matches_the_grid_posterior(case):
+    # pm.Truncated of anything but a Normal (PyMC's generic TruncatedRV) crashed the walk
+    # with PyMC's "extended_signature must be provided"; once read, its absent upper bound
+    # (the constant inf), broadcast to the batch, made PyMC's truncated StudentT density
+    # NaN everywhere and EP returned the prior, reporting convergence
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=40)
+    if case == "zero-truncated Poisson":
+        y = rng.poisson(np.exp(0.4 + 0.5 * x))
+        x, y = x[y > 0], y[y > 0]
+    else:
+        y = 0.8 + 0.5 * x + 0.5 * rng.standard_t(4, x.size)
+        x, y = x[y > 0], y[y > 0]
+    grid = np.linspace(-3.0, 3.0, 6001)
+    eta = grid[:, None] + 0.5 * x[None, :]
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 1.0)
+        if case == "zero-truncated Poisson":
+            pm.Truncated("y", pm.Poisson.dist(pm.math.exp(a + 0.5 * x)), lower=1, observed=y)
+            base = stats.poisson(np.exp(eta))
+            loglik = base.logpmf(y) - base.logsf(0)
+        else:
+            pm.Truncated("y", pm.StudentT.dist(nu=4, mu=a + 0.5 * x, sigma=0.5), lower=0, observed=y)
+            base = stats.t(4, eta, 0.5)
+            loglik = base.logpdf(y) - base.logsf(0)
+    mean, sd = _grid_moments(grid, stats.norm.logpdf(grid) + loglik.sum(1))
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10, method="quadrature")
+    assert idata.ep.attrs["converged"]
+    q = pmkjit.ep_posterior(idata)["a"]
+    assert abs(q.mean() - mean) < 0.05 * sd
+    assert abs(np.sqrt(q.var()) / sd - 1.0) < 0.05
+
+
+def test_a_latent_truncation_that_pymc_cannot_sample_is_refused_naming_it():
+    # PyMC samples pm.Truncated through the base's cdf; a StudentT's is NaN at an infinite
+    # bound and numpy raised "Range exceeds valid bounds" mid-fit, naming no variable
+    with pm.Model() as model:
+        z = pm.Truncated("z", pm.StudentT.dist(nu=3, mu=0.0, sigma=1.0), lower=0.0)
+        pm.Normal("y", z, 1.0, observed=np.array([0.5, 1.0]))
+    with pytest.raises(UnsupportedModelError, match=r"z: PyMC's forward sampler of pm.Truncated of StudentT"):
+        pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)

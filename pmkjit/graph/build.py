@@ -29,6 +29,7 @@ from pymc.distributions.custom import CustomSymbolicDistRV
 from pymc.distributions.distribution import SymbolicRandomVariable
 from pymc.distributions.shape_utils import _change_dist_size
 from pymc.distributions.simulator import SimulatorRV
+from pymc.distributions.truncated import TruncatedRV
 from pymc.pytensorf import find_rng_nodes, reseed_rngs
 from pytensor.graph.basic import Constant, Variable
 from pytensor.compile.ops import ViewOp
@@ -390,7 +391,7 @@ class _Builder:
         var = self.variables[rv.name]
         plate = var.shape
         op = rv.owner.op
-        params = list(op.dist_params(rv.owner))
+        params = _dist_params(rv)
         opname = type(op).__name__
         if opname in ("FlatRV", "HalfFlatRV"):
             self.graph.improper_prior.append(rv.name)
@@ -449,7 +450,7 @@ class _Builder:
                 f"{rv.name}: multivariate likelihood {what} is not supported; write it elementwise"
             )
         plate = y.shape
-        params = list(op.dist_params(rv.owner))
+        params = _dist_params(rv)
         if not any(latent_ancestors(p, self.latent_rvs) for p in params):
             return y  # no latent parameter: a constant factor
         if opname == "NormalRV" and self._try_gaussian_term(rv, params, prior=False, y=y):
@@ -697,10 +698,21 @@ class _Builder:
         if not rngs:
             rngs = [v for v in sampler_fn.maker.fgraph.inputs if "RandomGenerator" in str(v.type)]
 
-        def sampler(ins, rng, _f=sampler_fn, _rngs=rngs):
+        def sampler(ins, rng, _f=sampler_fn, _rngs=rngs, _name=rv.name, _what=_distribution_label(op)):
             shape = np.shape(ins[0]) if ins else (1,)
             reseed_rngs(_rngs, int(rng.integers(2**63 - 1)))
-            return np.asarray(_f(*[np.ravel(a) for a in ins]), dtype=float).reshape(shape)
+            try:
+                out = _f(*[np.ravel(a) for a in ins])
+            except Exception as err:  # noqa: BLE001 - PyMC's own failure, reported with the variable's name
+                # PyMC's sampler of a truncated StudentT with an infinite bound fails inside
+                # PyTensor ("Range exceeds valid bounds" from numpy) mid-fit, naming nothing
+                raise UnsupportedModelError(
+                    f"{_name}: PyMC's forward sampler of {_what} failed ({type(err).__name__}: "
+                    f"{str(err).splitlines()[0] if str(err) else ''}); EP needs forward samples of it"
+                    + (" (PyMC samples a truncation through the base distribution's cdf: a finite bound, "
+                       "or pm.TruncatedNormal for a Normal, may avoid this)" if isinstance(op, TruncatedRV) else "")
+                ) from err
+            return np.asarray(out, dtype=float).reshape(shape)
 
         logp, source = None, "pymc"
         # The key must tell apart factors that sample alike but weigh differently: two
@@ -938,6 +950,42 @@ def _broadcast_mismatch(var: Variable, plate: tuple[int, ...]) -> tuple[int, ...
         return shape
 
 
+def _dist_params(rv: Variable) -> list[Variable]:
+    """The distribution parameters of random variable ``rv``, including ``pm.Truncated``'s.
+
+    PyMC's generic truncation (``pm.Truncated`` of anything but a ``Normal``, which has its
+    own ``TruncatedNormal``) is a symbolic variable without an extended signature, so its
+    ``dist_params`` raised "extended_signature must be provided" from PyMC, naming neither
+    the variable nor the construct. Its inputs are the base distribution's (generator,
+    size, parameters) followed by the bounds; the parameters here are the base's
+    parameters and then ``lower`` and ``upper``.
+
+    Raises
+    ------
+    UnsupportedModelError
+        For a truncation of a distribution that is not a plain ``RandomVariable`` (its
+        inputs are then not laid out as above).
+    """
+    node = rv.owner
+    op = node.op
+    if isinstance(op, TruncatedRV):
+        base = op.base_rv_op
+        if not isinstance(base, RandomVariable) or len(node.inputs) < 4:
+            raise UnsupportedModelError(
+                f"{rv.name}: pm.Truncated of {type(base).__name__} is not supported (pmkjit reads truncations "
+                "of PyMC's elementwise distributions such as Normal, StudentT, Poisson or Gamma)"
+            )
+        return list(node.inputs[2:])  # [rng, size] of the base, then its parameters, lower, upper
+    return list(op.dist_params(node))
+
+
+def _distribution_label(op) -> str:
+    """How the user wrote ``op``'s distribution: ``"pm.Truncated of StudentTRV"``, else the op's name."""
+    if isinstance(op, TruncatedRV):
+        return f"pm.Truncated of {type(op.base_rv_op).__name__}"
+    return type(op).__name__
+
+
 def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = ()) -> None:
     """Refuse, before its parameters are walked, a distribution that is not elementwise.
 
@@ -952,7 +1000,7 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
     dists = (RandomVariable, SymbolicRandomVariable)
     model_rvs = set(latents)
     if any(p.owner is not None and isinstance(p.owner.op, dists) and p not in model_rvs
-           for p in op.dist_params(rv.owner)):
+           for p in _dist_params(rv)):
         raise UnsupportedModelError(
             f"{rv.name}: {name} takes another distribution as a parameter (pm.Censored, pm.Mixture, ...); "
             "pmkjit needs an elementwise distribution whose parameters are expressions of the latents"
@@ -968,6 +1016,11 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
         )
 
 
+def _infinite_constant(var: Variable) -> bool:
+    """Whether ``var`` is a constant whose entries are all infinite (an absent truncation bound)."""
+    return isinstance(var, Constant) and np.all(np.isinf(np.asarray(var.data, dtype=float)))
+
+
 def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
     """``rv``'s distribution with its parameters replaced by flat vectors (size from them)."""
     node = rv.owner
@@ -978,6 +1031,18 @@ def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
         if "dist" not in closure:
             raise UnsupportedModelError(f"{rv.name}: cannot rebuild this CustomDist for batched evaluation")
         return pm.CustomDist.dist(*flat_params, dist=closure["dist"], class_name=type(op).__name__)
+    if isinstance(op, TruncatedRV):
+        # parameters as laid out by _dist_params: the base distribution's, then the bounds
+        *base_params, lower, upper = flat_params
+        # An absent bound is the constant -inf or inf. Broadcast to the batch it is no longer
+        # a constant, and PyMC's truncated log-density then evaluates the base's logcdf at
+        # inf, NaN for a StudentT: every entry's density was NaN and EP silently returned
+        # the prior (a truncated StudentT regression, N = 70: posterior = prior after 1 sweep,
+        # reported as converged). An infinite constant bound is passed as no bound.
+        lower, upper = (None if _infinite_constant(orig) else flat
+                        for flat, orig in zip((lower, upper), node.inputs[-2:]))
+        base = op.base_rv_op(*base_params)
+        return pm.Truncated.dist(base, lower=lower, upper=upper, max_n_steps=op.max_n_steps)
     if isinstance(op, SymbolicRandomVariable) and not isinstance(op, SimulatorRV) and hasattr(op, "rv_op"):
         # PyMC's own symbolic distributions (HalfCauchy, HalfStudentT, Weibull, ...): rebuilt by
         # their constructor from the flat parameters, when they are elementwise
@@ -992,7 +1057,7 @@ def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
     if isinstance(op, RandomVariable):
         if op.ndim_supp != 0 or any(n != 0 for n in op.ndims_params):
             raise UnsupportedModelError(f"{rv.name}: {type(op).__name__} is not an elementwise distribution")
-        params = op.dist_params(node)
+        params = _dist_params(rv)
         size = op.size_param(node)
         new_inputs = []
         for x in node.inputs:
