@@ -35,8 +35,8 @@ __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 _METHODS = ("kjit", "oracle", "quadrature")
 _MIN_AUTO_DAMPING = 0.05
 _REVERT_FACTOR = 2.0  # a sweep changing the posterior this many times more than the last kept ones is undone
-# a sweep retried at half the step after being undone, and still this far of the undone
-# one's distance, is kept: the step was not what made it large
+# a sweep retried at half the step after being undone is kept if its distance is still more
+# than this fraction of the undone one's: the step was not what made it large
 _FUTILE_RETRY = 0.75
 _ORACLES = ("auto", "quadrature", "importance")
 _THREADED_BLAS_DIM = 1000  # larger joint Gaussians factorise faster on all cores
