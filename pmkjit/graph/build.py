@@ -100,15 +100,6 @@ _TIME_SERIES = {
 }
 
 
-def _multivariate_name(op) -> tuple[str, str]:
-    """How the user wrote a multivariate ``op`` (``"pm.AR (AutoRegressiveRV)"``) and a hint."""
-    opname = type(op).__name__
-    if opname in _TIME_SERIES:
-        pymc_name, hint = _TIME_SERIES[opname]
-        return f"{pymc_name} ({opname})", hint
-    return opname, ""
-
-
 # Distributions whose support moves with their parameters: an observation outside it at
 # the points tried may be inside it elsewhere, so the support check leaves them alone.
 _PARAMETER_SUPPORT = ("UniformRV", "TriangularRV", "ParetoRV", "DiscreteUniformRV", "HyperGeometricRV")
@@ -208,9 +199,9 @@ class _Builder:
         tname = type(transform).__name__ if transform is not None else None
         if tname is None:
             if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",):
-                what, hint = _multivariate_name(op)
+                hint = _TIME_SERIES.get(type(op).__name__, ("", ""))[1]
                 raise UnsupportedModelError(
-                    f"{name}: multivariate latent {what} is not supported (only MvNormal){hint}"
+                    f"{name}: multivariate latent {_distribution_label(op)} is not supported (only MvNormal){hint}"
                 )
             return Gaussian
         if tname == "LogTransform":
@@ -445,9 +436,8 @@ class _Builder:
             bad = np.argwhere(~np.isfinite(y))[0].tolist()
             raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
         if getattr(op, "ndim_supp", 0) != 0:
-            what, _ = _multivariate_name(op)
             raise UnsupportedModelError(
-                f"{rv.name}: multivariate likelihood {what} is not supported; write it elementwise"
+                f"{rv.name}: multivariate likelihood {_distribution_label(op)} is not supported; write it elementwise"
             )
         plate = y.shape
         params = _dist_params(rv)
@@ -980,10 +970,17 @@ def _dist_params(rv: Variable) -> list[Variable]:
 
 
 def _distribution_label(op) -> str:
-    """How the user wrote ``op``'s distribution: ``"pm.Truncated of StudentTRV"``, else the op's name."""
+    """How the user wrote ``op``'s distribution, for messages.
+
+    ``"pm.Truncated of StudentTRV"``, ``"pm.AR (AutoRegressiveRV)"`` (op names that do not
+    say which constructor built them), else the op's name.
+    """
+    opname = type(op).__name__
     if isinstance(op, TruncatedRV):
         return f"pm.Truncated of {type(op.base_rv_op).__name__}"
-    return type(op).__name__
+    if opname in _TIME_SERIES:
+        return f"{_TIME_SERIES[opname][0]} ({opname})"
+    return opname
 
 
 def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = ()) -> None:

@@ -63,8 +63,8 @@ def _read_repeatedly(fg, effect) -> bool:
                 values = np.asarray(idx.data)
             else:
                 continue
-            if values.dtype.kind in "iu" and values.size >= 2 * max(len(np.unique(values)), 1) \
-                    and len(np.unique(values)) > 1:
+            distinct = np.unique(values).size
+            if values.dtype.kind in "iu" and distinct > 1 and values.size >= 2 * distinct:
                 return True
     return False
 
