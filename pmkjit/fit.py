@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -521,11 +522,58 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
         # pm.compute_deterministics evaluates the graph with only the free variables given,
         # so a deterministic reading an observed x (a + b * x) would otherwise get a fresh
         # random draw of x per posterior draw, not its data as in pm.sample
+        if graph.predictive:
+            drawn = _predictive_draws(idata.get("posterior"), model, graph.predictive, rng, (chains, draws))
+            if "posterior" in idata:
+                idata.posterior = drawn
+            else:
+                idata.add_groups(posterior=drawn)
         det = pm.compute_deterministics(idata.posterior, model=model, merge_dataset=True, progressbar=False)
         idata.posterior = det
         if with_loglik and model.observed_RVs:
             pm.compute_log_likelihood(idata, model=model, progressbar=False)
     return idata
+
+
+def _predictive_draws(posterior: xr.Dataset | None, model: pm.Model, names: list[str],
+                      rng: np.random.Generator, shape: tuple[int, int]) -> xr.Dataset:
+    """``posterior`` with the latents no factor reads drawn given each draw of the others.
+
+    Their factors integrate to one over them, so the posterior of these variables given the
+    data is their predictive: one forward draw per posterior draw of their parents, as
+    ``pm.sample_posterior_predictive`` makes for observed variables (see
+    :mod:`pmkjit.graph.predictive`).
+    """
+    seed = int(rng.integers(2**31 - 1))
+    pymc_log = logging.getLogger("pymc")
+    level = pymc_log.level
+    pymc_log.setLevel(logging.WARNING)  # PyMC announces "Sampling: [...]": an implementation detail here
+    try:
+        pp = _forward(posterior, model, names, seed, shape)
+    finally:
+        pymc_log.setLevel(level)
+    if posterior is None:
+        posterior = xr.Dataset(coords={"chain": np.arange(shape[0]), "draw": np.arange(shape[1])})
+    out = posterior.copy()
+    for name in names:
+        draws = np.asarray(pp[name])
+        dims = ("chain", "draw") + tuple(model.named_vars_to_dims.get(name) or
+                                         (f"{name}_dim_{i}" for i in range(draws.ndim - 2)))
+        out[name] = (dims, draws)
+        out = out.assign_coords({d: np.asarray(model.coords[d]) for d in dims[2:]
+                                 if d not in out.coords and model.coords.get(d) is not None})
+    return out
+
+
+def _forward(posterior: xr.Dataset | None, model: pm.Model, names: list[str], seed: int,
+             shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """Forward draws of ``names`` given each posterior draw (or from the prior, without one)."""
+    if posterior is None:  # every latent is unread: the posterior is the prior
+        pp = pm.sample_prior_predictive(draws=int(np.prod(shape)), model=model, var_names=list(names),
+                                        random_seed=seed, return_inferencedata=False)
+        return {k: np.asarray(v).reshape(shape + np.shape(v)[1:]) for k, v in pp.items()}
+    return pm.sample_posterior_predictive(posterior, model=model, var_names=list(names), random_seed=seed,
+                                          progressbar=False, return_inferencedata=False)
 
 
 def _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method,

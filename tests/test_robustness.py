@@ -143,7 +143,7 @@ def test_indexing_a_non_centred_group_effect_is_lifted_into_its_factors():
     # u = pm.Deterministic("u", z * sd)[group]: advanced indexing of an elementwise product
     # was refused; it is z[group] * sd, a linear slot times a scalar latent
     g = np.array([0, 2, 1, 2, 0])
-    x = np.array([0.3, -1.0, 0.5, 2.0, 0.0])
+    x = np.array([0.3, -1.0, 0.5, 2.0, 0.2])  # no 0: b * 0 would be an entry split off as constant in b
     with pm.Model(coords={"group": ["a", "b", "c"]}) as model:
         gd = pm.Data("g", g)
         b = pm.Normal("b", 0.0, 1.0)
@@ -459,25 +459,19 @@ def test_a_latent_custom_dist_without_a_sampler_is_refused_and_with_one_is_exact
     assert abs(np.sqrt(q.var()[0] * prec) - 1) < 0.02
 
 
-def test_a_latent_read_only_by_its_prior_gets_the_exact_projection_of_the_prior():
-    # its cavity is flat, so EP never revisits the prior's site: it kept the projection of
-    # 4,000 forward samples (HalfNormal(1.5) mean 1.187-1.224 over seeds, exact 1.197)
-    from scipy import integrate
-
+def test_a_latent_read_only_by_its_prior_is_drawn_from_that_prior():
+    # its cavity is flat, so EP never revisited the prior's site: it kept the projection of
+    # 4,000 forward samples (HalfNormal(1.5) mean 1.187-1.224 over seeds, exact 1.197), and
+    # the draws were from that Gamma, not the prior; they are now the prior's own
     sigmas = np.array([0.5, 1.5, 4.0])
     with pm.Model() as model:
         pm.HalfNormal("s", sigmas)
         pm.Weibull("wb", alpha=1.5, beta=2.0)
-    for seed in (0, 1):
-        post = pmkjit.ep_posterior(pmkjit.fit(model=model, random_seed=seed, progressbar=False, draws=10))
-        # a Gamma message's projection matches E[x] and E[log x]
-        for q, dists in ((post["s"], [stats.halfnorm(scale=s) for s in sigmas]),
-                         (post["wb"], [stats.weibull_min(1.5, scale=2.0)])):
-            ess = q.expected_sufficient_statistics()
-            for j, d in enumerate(dists):
-                e_log = integrate.quad(lambda x: np.log(x) * d.pdf(x), 0, np.inf)[0]
-                assert ess[j, 0] == pytest.approx(e_log, abs=1e-5)
-                assert ess[j, 1] == pytest.approx(d.mean(), rel=1e-5)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=2000)
+    s = idata.posterior["s"].values.reshape(-1, 3)
+    for j, sigma in enumerate(sigmas):
+        assert stats.kstest(s[:, j], stats.halfnorm(scale=sigma).cdf).pvalue > 1e-3
+    assert stats.kstest(idata.posterior["wb"].values.ravel(), stats.weibull_min(1.5, scale=2.0).cdf).pvalue > 1e-3
 
 
 def _scale_and_rate_model(**transform):

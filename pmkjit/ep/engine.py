@@ -32,6 +32,7 @@ from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, Fac
 __all__ = ["EPState", "EPInfo", "init", "sweep", "posterior_moments"]
 
 _MAX_HALVINGS = 4
+_FLAT = 1e-8  # cavity / marginal precision below which a prior's output cavity counts as flat
 _INIT_CLIP = 30.0  # |unconstrained value| of the forward samples that start a prior's site
 
 
@@ -138,10 +139,11 @@ def init(graph: FactorGraph, rng: np.random.Generator, n_init: int = 4000) -> tu
         else:
             natural = fam.project(stats.mean(0), f"initial prior of {f.name}").natural
             if f.logp is not None and not f.latent_inputs:
-                # A prior with constant parameters: if nothing else reads the latent its
-                # cavity stays flat and EP never revisits this site, so the Monte Carlo
-                # projection's error (~1% of the mean) would remain. Quadrature, with the
-                # Monte Carlo projection as its frame, gives the exact projection.
+                # A prior with constant parameters: quadrature, with the Monte Carlo
+                # projection as its frame, gives the exact projection, a start without the
+                # Monte Carlo error (~1% of the mean). (A latent that nothing else reads,
+                # whose site EP would never revisit, is not in the graph: it is drawn from
+                # its prior, pmkjit.graph.predictive.)
                 natural = _project_prior_by_quadrature(f, fam, natural)
         sites[fi][-1] = natural
         state = _posterior(graph, prior, sites, jitter=True)
@@ -276,7 +278,10 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
         marg = _marginals(graph, prior, state, f)
         cav, ok = [], np.ones(f.size, bool)
         for k, (slot, m) in enumerate(zip(f.slots, [marg[i] for i in f.targets])):
-            c = type(m).from_natural(m.natural - sites[fi][k])
+            natural = m.natural - sites[fi][k]
+            if (f.kind == "prior" or f.from_prior) and isinstance(slot, LinearSlot):
+                natural = _flat_up_to_round_off(natural, m.natural)
+            c = type(m).from_natural(natural)
             cav.append(c)
             ok &= c.is_proper()
         info.skipped_improper_cavity += int((~ok).sum())
@@ -323,6 +328,24 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
     state.sites = sites
     info.max_change = _change(before, _summary(graph, state))
     return state, info
+
+
+def _flat_up_to_round_off(cavity: np.ndarray, marginal: np.ndarray) -> np.ndarray:
+    """Gaussian cavities that are flat up to round-off, made proper and nearly flat.
+
+    When a prior-like factor is the only factor on its output (an imputed missing
+    observation, a group level without data) its site carries all of the output's
+    precision, so the cavity is exactly flat and its computed precision is round-off of
+    either sign. The factor is a normalised density of its output, so the tilted law has
+    a limit as the cavity flattens (the output's predictive; no message to the parents),
+    and a cavity with ``_FLAT`` times the marginal's precision reaches it to that relative
+    accuracy. Skipping the entries instead, as for any improper cavity, left them at a
+    stale site whenever the round-off came out negative.
+    """
+    out = cavity.copy()
+    flat = np.abs(cavity[:, 1]) <= _FLAT * np.abs(marginal[:, 1])
+    out[flat] = _FLAT * marginal[flat]
+    return out
 
 
 def _messages(f: BlackBoxFactor, cav: list, idx: np.ndarray) -> tuple:

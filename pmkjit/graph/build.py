@@ -54,6 +54,7 @@ from pmkjit.graph.factor_graph import (
     LinearSlot,
 )
 from pmkjit.graph.observed import observed_as_data
+from pmkjit.graph.predictive import predictive_only
 from pmkjit.graph.pytensor_tools import (
     affine_coefficients,
     compile_function,
@@ -142,6 +143,8 @@ class _Builder:
         self.rv_of: dict[str, Variable] = {}
         self.graph: FactorGraph | None = None
         self._support_logp: dict[str, list[np.ndarray]] | None = None
+        # likelihoods whose entries may be split by _likelihood_entries
+        self._splittable = {rv.name for rv in model.observed_RVs}
 
     # -------------------------------------------------------------- variables
     def build(self) -> FactorGraph:
@@ -153,7 +156,9 @@ class _Builder:
                 "can sample from (write the term as an observed pm.CustomDist instead)"
             )
         offset = 0
-        for rv in model.free_RVs:
+        predictive = predictive_only(model)
+        fitted = [rv for rv in model.free_RVs if rv not in predictive]
+        for rv in fitted:
             family = self._family(rv)
             shape = tuple(int(s) for s in evaluate_constant(rv.shape))
             var = LatentVariable(rv.name, family, shape, offset if family is Gaussian else -1)
@@ -161,14 +166,15 @@ class _Builder:
                 offset += var.size
             self.variables[rv.name] = var
             self.rv_of[rv.name] = rv
-        self.graph = FactorGraph(variables=self.variables, n_theta=offset)
-        self.latent_rvs = list(model.free_RVs)
+        self.graph = FactorGraph(variables=self.variables, n_theta=offset,
+                                 predictive=[rv.name for rv in predictive])
+        self.latent_rvs = fitted
         self.block = [
             (self.rv_of[v.name], slice(v.offset, v.offset + v.size), v.shape)
             for v in self.variables.values()
             if v.in_gaussian_block
         ]
-        for rv in model.free_RVs:
+        for rv in fitted:
             self._prior(rv)
         for rv in model.observed_RVs:
             self._likelihood(rv)
@@ -176,12 +182,17 @@ class _Builder:
 
     def _family(self, rv: Variable) -> type:
         name = rv.name
-        if name.endswith("_unobserved") and name[: -len("_unobserved")] in self.model.named_vars:
+        discrete = rv.dtype.startswith(("int", "uint", "bool"))
+        if discrete and name.endswith("_unobserved") and name[: -len("_unobserved")] in self.model.named_vars:
+            # missing values are latents like any other (PyMC's own imputation); those that
+            # nothing reads never get here (pmkjit.graph.predictive)
             raise UnsupportedModelError(
-                f"{name[: -len('_unobserved')]}: the observed data contain missing values (PyMC imputes them as "
-                f"latent variable {name}); pmkjit needs complete data: drop or fill the NaN entries"
+                f"{name[: -len('_unobserved')]}: the observed data contain missing values, which PyMC imputes as "
+                f"the discrete latent variable {name}, which another variable reads; EP cannot carry a discrete "
+                "latent (missing counts that nothing else reads are drawn from their predictive): drop or fill the NaN "
+                "entries"
             )
-        if rv.dtype.startswith(("int", "uint", "bool")):
+        if discrete:
             raise UnsupportedModelError(
                 f"{name} is a discrete latent variable ({type(rv.owner.op).__name__}); EP in pmkjit needs continuous "
                 "latents (marginalise it out, e.g. with pm.Mixture)"
@@ -255,6 +266,9 @@ class _Builder:
                     # sweeps at N = 50 (NUTS 3 s). A constant is what it is.
                     leaves[id(var)] = (var, float(c[0]) if np.all(c == c[0]) else DataSlot(c.copy(), _label(var)))
                     return
+                constant = np.abs(A).max(axis=1) <= _CONSTANT_ATOL * max(1.0, np.abs(c).max(initial=0.0))
+                if constant.any() and owner in self._splittable:
+                    raise _PartlyConstant(constant)
                 leaves[id(var)] = (var, LinearSlot(A, c, _label(var)))
                 return
         if len(deps) == 1 and not dep_vars[0].in_gaussian_block:
@@ -382,7 +396,7 @@ class _Builder:
         var = self.variables[rv.name]
         plate = var.shape
         op = rv.owner.op
-        params = _dist_params(rv)
+        params = [lift_indexing(p) for p in _dist_params(rv)]
         opname = type(op).__name__
         if opname in ("FlatRV", "HalfFlatRV"):
             self.graph.improper_prior.append(rv.name)
@@ -422,14 +436,7 @@ class _Builder:
                 f"{rv.name}: total_size= (a minibatch likelihood, scaled by total_size / N) is not supported; "
                 "EP needs the full data set as observed and no total_size"
             )
-        y = self._likelihood_factor(rv)
-        # after the walk, which refuses NaN in the parameters with that reason (a NaN
-        # covariate also makes the entry's density -inf)
-        self._check_support(rv, y)
-
-    def _likelihood_factor(self, rv: Variable) -> np.ndarray:
         op = rv.owner.op
-        opname = type(op).__name__
         y = np.asarray(self.model.rvs_to_values[rv].data if hasattr(self.model.rvs_to_values[rv], "data")
                        else evaluate_constant(self.model.rvs_to_values[rv]), dtype=float)
         if not np.all(np.isfinite(y)):
@@ -439,28 +446,68 @@ class _Builder:
             raise UnsupportedModelError(
                 f"{rv.name}: multivariate likelihood {_distribution_label(op)} is not supported; write it elementwise"
             )
+        self._likelihood_entries(rv, y, None)
+        # after the walk, which refuses NaN in the parameters with that reason (a NaN
+        # covariate also makes the entry's density -inf)
+        self._check_support(rv, y)
+
+    def _likelihood_entries(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None) -> None:
+        """The factors of the entries ``mask`` of likelihood ``rv`` (all of them for ``None``).
+
+        Entries whose parameters read a latent in some places and only data in others
+        (``a + b * x`` with a covariate ``x`` that has missing values, which PyMC imputes
+        as latents: ``x`` joins the data and ``x_unobserved``) are split into factors of
+        their own, so that every slot of a factor is latent in all of its instances: a
+        slot that is constant for some instances gave those instances a cavity of zero
+        variance, which EP skipped as improper, and the factor's information was lost.
+        """
+        graph = self.graph
+        start = len(graph.factors)
+        sizes = len(graph.gaussian_terms), len(graph.element_sites)
+        try:
+            self._likelihood_factor(rv, y, mask)
+        except _PartlyConstant as split:
+            full = np.ones(y.shape, bool) if mask is None else mask
+            constant = np.zeros(y.shape, bool)
+            constant[full] = split.rows  # split.rows follows the selected entries in C order
+            del graph.factors[start:], graph.gaussian_terms[sizes[0]:], graph.element_sites[sizes[1]:]
+            self._likelihood_entries(rv, y, constant)
+            self._likelihood_entries(rv, y, full & ~constant)
+            return
+        if mask is not None:
+            label = f"{rv.name} ({int(mask.sum())} of {mask.size} entries)"
+            for f in self.graph.factors[start:]:
+                f.name = label
+                f.description = f.description.replace(rv.name, label, 1)
+
+    def _likelihood_factor(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None) -> None:
+        op = rv.owner.op
+        opname = type(op).__name__
+        params = [lift_indexing(p) for p in _dist_params(rv)]
+        if mask is not None:
+            params = [lift_indexing(_select(p, y.shape, mask)) for p in params]
+            y = y[mask]
         plate = y.shape
-        params = _dist_params(rv)
         if not any(latent_ancestors(p, self.latent_rvs) for p in params):
-            return y  # no latent parameter: a constant factor
+            return  # no latent parameter: a constant factor
         if opname == "NormalRV" and self._try_gaussian_term(rv, params, prior=False, y=y):
-            return y
+            return
         if opname in _CONJUGATE and self._try_conjugate(rv, opname, params, y):
-            return y
+            return
         if opname == "NormalRV" and self._try_normal_scale(rv, params, prior=False, y=y):
-            return y
+            return
         if opname == "LogNormalRV" and np.all(y > 0):
             # log y ~ Normal(mu, sigma): the density differs by the constant Jacobian 1/y only, so
             # the exact and semi-analytic Normal factors apply to the logged observations
             log_y = np.log(y)
             if self._try_gaussian_term(rv, params, prior=False, y=log_y):
-                return y
+                return
             if self._try_normal_scale(rv, params, prior=False, y=log_y):
-                return y
+                return
         if opname in _SPLIT and self._try_split(rv, opname, params, y):
-            return y
+            return
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
-        return y
+        return
 
     def _check_support(self, rv: Variable, y: np.ndarray) -> None:
         """Refuse observed values of zero density (outside the distribution's support).
@@ -634,8 +681,10 @@ class _Builder:
         if any(o is None for o in others):
             return False
         plate = y.shape
-        param = lift_indexing(params[pos])
+        param = params[pos]
         leaves = self._decompose(param, plate, rv.name)
+        if not any(isinstance(slot, (LinearSlot, ElementSlot)) for _, slot in leaves.values()):
+            return True  # constant in value (w * x at x = 0, split off by _likelihood_entries): no factor
         inputs, slots, (g,) = self._rebuild([param], leaves)
         function = compile_function(inputs, g)
         others_flat = [np.broadcast_to(o, plate).ravel() for o in others]
@@ -669,7 +718,6 @@ class _Builder:
                 f"{rv.name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
                 "(give it random= or write it with dist=)"
             )
-        params = [lift_indexing(p) for p in params]
         for p in params:
             self._walk(p, plate, rv.name, leaves, seen)
         B = int(np.prod(plate, dtype=int))
@@ -938,6 +986,21 @@ def _broadcast_mismatch(var: Variable, plate: tuple[int, ...]) -> tuple[int, ...
         return None if np.broadcast_shapes(shape, tuple(plate)) == tuple(plate) else shape
     except ValueError:  # does not broadcast at all
         return shape
+
+
+class _PartlyConstant(Exception):
+    """A linear slot is constant in the entries ``rows`` of its plate and latent elsewhere."""
+
+    def __init__(self, rows: np.ndarray):
+        super().__init__("partly constant slot")
+        self.rows = rows
+
+
+def _select(param: Variable, plate: tuple[int, ...], mask: np.ndarray) -> Variable:
+    """``param`` broadcast to ``plate``, at the entries ``mask`` (an index lift_indexing can push down)."""
+    if param.ndim == len(plate) and not any(param.type.broadcastable):
+        return param[pt.constant(mask)]
+    return pt.broadcast_to(param, plate)[pt.constant(mask)]
 
 
 def _dist_params(rv: Variable) -> list[Variable]:

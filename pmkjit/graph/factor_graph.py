@@ -228,6 +228,9 @@ class FactorGraph:
     element_sites: list[ElementSite] = field(default_factory=list)
     factors: list[BlackBoxFactor] = field(default_factory=list)
     improper_prior: list[str] = field(default_factory=list)
+    # free variables no factor reads (pmkjit.graph.predictive): drawn after EP from their
+    # predictive given the others, so not in ``variables``
+    predictive: list[str] = field(default_factory=list)
 
     @property
     def element_variables(self) -> list[LatentVariable]:
@@ -248,4 +251,6 @@ class FactorGraph:
             lines.append(f"conjugate factor: {s.name} ({s.index.shape[0]} terms)")
         for f in self.factors:
             lines.append(f"black-box factor: {f.description} ({f.size} instances, weights: {f.density_source})")
+        if self.predictive:
+            lines.append(f"drawn from their predictive after EP (read by no factor): {', '.join(self.predictive)}")
         return "\n".join(lines)

@@ -14,7 +14,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.mode import Mode
-from pytensor.graph.basic import Variable
+from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.graph.replace import clone_replace, vectorize_graph
 
@@ -158,8 +158,11 @@ def lift_indexing(var: Variable) -> Variable:
     effect ``pm.Deterministic("u", z * sd)[group]`` is then an elementwise function of a
     linear slot ``z[group]`` and a scalar latent, which the model walk understands. Only a
     single one-dimensional index on the first axis is lifted (``x[idx]``), which keeps the
-    result's shape. A new graph is returned (the model's graph is not modified); ``var``
-    itself when there is nothing to lift.
+    result's shape, and a constant boolean mask of all of ``x``'s axes (``x[mask]``, the
+    rows PyMC's imputation of missing observations selects from a likelihood's
+    parameters), as the integer index of the mask's flat positions into ``x`` raveled.
+    A new graph is returned (the model's graph is not modified); ``var`` itself when there
+    is nothing to lift.
     """
     from pytensor.compile.ops import ViewOp
     from pytensor.tensor.elemwise import Elemwise
@@ -175,13 +178,25 @@ def lift_indexing(var: Variable) -> Variable:
             x, idx = node.inputs
         else:
             return None
+        flat = False
+        if idx.dtype == "bool" and isinstance(idx, Constant) and idx.ndim == x.ndim >= 1:
+            # x[mask] is x.ravel()[flatnonzero(mask)] (numpy's C order for both)
+            flat = idx.ndim > 1
+            idx = pt.constant(np.flatnonzero(np.asarray(idx.data).ravel()).astype(np.int64))
         if idx.ndim != 1 or not idx.dtype.startswith(("int", "uint")) or x.ndim < 1:
             return None
         while x.owner is not None and isinstance(x.owner.op, (ViewOp, SpecifyShape)):  # pm.Deterministic
             x = x.owner.inputs[0]
         if x.owner is None or not isinstance(x.owner.op, Elemwise):
             return None
-        return x, idx
+        return x, idx, flat
+
+    def part(inp: Variable, x: Variable, idx: Variable, flat: bool) -> Variable:
+        if not flat:
+            return inp if inp.type.broadcastable[0] else inp[idx]
+        if all(inp.type.broadcastable):
+            return inp.flatten()  # shape (1,): broadcasts against the selection
+        return pt.broadcast_to(inp, x.shape).flatten()[idx]
 
     def lift(v: Variable) -> Variable:
         if v in memo:
@@ -191,8 +206,8 @@ def lift_indexing(var: Variable) -> Variable:
         if node is not None:
             found = indexed(node)
             if found is not None:
-                x, idx = found
-                parts = [inp if inp.type.broadcastable[0] else inp[idx] for inp in x.owner.inputs]
+                x, idx, flat = found
+                parts = [part(inp, x, idx, flat) for inp in x.owner.inputs]
                 out = x.owner.op(*[lift(p) for p in parts])
                 if isinstance(out, (list, tuple)):
                     out = out[x.owner.outputs.index(x)]
