@@ -363,7 +363,13 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # more accurate.
         shared = oracle == "auto" and shares_a_latent(f) and (
             kind == "quadrature" or f.size < _SMALL_IMPORTANCE_FACTOR)
-        if method == "kjit" and f.latent_inputs and not shared:
+        # A censored likelihood is the base's density below a bound and its survival
+        # function at it: a jump in the observed value that an operator's smooth kernel
+        # spreads over its neighbours. On a censored Weibull regression (N = 50) KJIT left
+        # the mean 0.12-0.23 posterior sd off where quadrature EP is within 0.01 sd (the
+        # same model uncensored: KJIT within 0.003 sd). The oracle answers it directly.
+        direct = shared or (oracle == "auto" and f.censored)
+        if method == "kjit" and f.latent_inputs and not direct:
             op = store.load(f) if store is not None else None
             pending = store.load_pending(f) if store is not None and op is None else None
             k = KJITMethod(f, orc, op, tolerance=tol, rng=sub, pending=pending)

@@ -161,6 +161,9 @@ class BlackBoxFactor:
     from_prior : bool
         The factor is a latent's prior rewritten as a likelihood (its residual is the
         slot); EP initialises its site from the prior.
+    censored : bool
+        A ``pm.Censored`` likelihood: its density switches from the base's density to
+        its cdf or survival function where the observation sits at a bound.
     key : str
         Identifies the factor's form (graph and families, not names or data), so a
         learned operator can be reused by another model with the same factor.
@@ -183,6 +186,7 @@ class BlackBoxFactor:
     size: int = 0
     analytic: str | None = None
     from_prior: bool = False
+    censored: bool = False
 
     @property
     def latent_inputs(self) -> list[int]:

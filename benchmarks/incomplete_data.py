@@ -1,14 +1,15 @@
-"""EP against NUTS on models with missing values (PyMC's automatic imputation).
+"""EP against NUTS on incomplete data: missing values (PyMC's imputation) and censored observations.
 
-Each model is a regression of N = 60 points with 8 of them missing (NaN in ``observed=``),
-written as a PyMC user would; PyMC imputes the missing entries as a latent
-``*_unobserved``. The same model object goes to ``pm.sample`` (2 chains x 1,000 tuning and
+Each model is a regression of N = 60 points written as a PyMC user would. In the
+missing-data models 8 entries are NaN in ``observed=`` and PyMC imputes them as a latent
+``*_unobserved``; in the censored ones (``censored_*``) observations beyond a detection limit
+or a follow-up time are recorded at the bound (``pm.Censored``). The same model object goes to ``pm.sample`` (2 chains x 1,000 tuning and
 1,000 draws) and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
 range of sd_EP / sd_NUTS, EP's sweeps and convergence, and both wall times.
 
-Run: ``python benchmarks/missing_data.py`` (about 2 minutes); ``--models studentt poisson``
-for a subset. Output: ``benchmarks/results/missing_data.json``.
+Run: ``python benchmarks/incomplete_data.py`` (about 3 minutes); ``--models studentt poisson``
+for a subset. Output: ``benchmarks/results/incomplete_data.json``.
 """
 
 from __future__ import annotations
@@ -118,10 +119,40 @@ def missing_covariate(seed):
     return m
 
 
+def censored_normal(seed):
+    rng, x, _ = _data(seed)
+    with pm.Model() as m:
+        a, b, s = pm.Normal("a", 0, 3), pm.Normal("b", 0, 3), pm.HalfNormal("s", 2)
+        y = np.minimum(1 + 0.8 * x + 0.6 * rng.normal(size=N), 1.5)  # a detection limit at 1.5
+        pm.Censored("y", pm.Normal.dist(a + b * x, s), lower=None, upper=1.5, observed=y)
+    return m
+
+
+def censored_weibull_survival(seed):
+    rng, x, _ = _data(seed)
+    follow_up = rng.uniform(0.5, 3.0, size=N)
+    t = np.minimum(rng.weibull(1.5, size=N) * np.exp(0.5 + 0.4 * x), follow_up)  # right-censored
+    with pm.Model() as m:
+        a, b, k = pm.Normal("a", 0, 2), pm.Normal("b", 0, 2), pm.Gamma("k", 2, 1)
+        pm.Censored("t", pm.Weibull.dist(alpha=k, beta=pm.math.exp(a + b * x)), lower=None, upper=follow_up,
+                    observed=t)
+    return m
+
+
+def censored_poisson(seed):
+    rng, x, _ = _data(seed)
+    with pm.Model() as m:
+        a, b = pm.Normal("a", 0, 2), pm.Normal("b", 0, 2)
+        c = np.minimum(rng.poisson(np.exp(1 + 0.5 * x)), 6)  # counts above 6 recorded as 6
+        pm.Censored("c", pm.Poisson.dist(pm.math.exp(a + b * x)), lower=None, upper=6, observed=c)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
-    "missing_covariate": missing_covariate,
+    "missing_covariate": missing_covariate, "censored_normal": censored_normal,
+    "censored_weibull_survival": censored_weibull_survival, "censored_poisson": censored_poisson,
 }
 
 
@@ -155,7 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--seed", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "missing_data.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "incomplete_data.json")
     args = parser.parse_args()
     code = git_state()
     rows = []
@@ -169,7 +200,7 @@ def main() -> None:
     print("* not converged in max_sweeps")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": "python benchmarks/missing_data.py" + (" --models " + " ".join(args.models)
+        "command": "python benchmarks/incomplete_data.py" + (" --models " + " ".join(args.models)
                                                           if args.models != list(MODELS) else ""),
         "code": code, "seed": args.seed, "n": N, "missing": MISSING, "rows": rows,
         "machine": {"python": platform.python_version(), "pymc": pm.__version__, "cpus": __import__("os").cpu_count()},
