@@ -1082,7 +1082,8 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
     if any(p.owner is not None and isinstance(p.owner.op, dists) and p not in model_rvs
            for p in _dist_params(rv)):
         raise UnsupportedModelError(
-            f"{rv.name}: {name} takes another distribution as a parameter (pm.Censored, pm.Mixture, ...); "
+            f"{rv.name}: {name} takes another distribution as a parameter (pm.Mixture, zero-inflated and hurdle "
+            "likelihoods, ...); "
             "pmkjit needs an elementwise distribution whose parameters are expressions of the latents"
         )
     if getattr(op, "ndim_supp", 0) != 0 or any(n != 0 for n in (getattr(op, "ndims_params", None) or [])):
