@@ -27,6 +27,7 @@ import pytensor
 import pytensor.tensor as pt
 from pymc.distributions.censored import CensoredRV
 from pymc.distributions.custom import CustomSymbolicDistRV
+from pymc.distributions.mixture import Mixture, MixtureRV, _Hurdle, _HurdleRV
 from pymc.distributions.distribution import SymbolicRandomVariable
 from pymc.distributions.shape_utils import _change_dist_size
 from pymc.distributions.simulator import SimulatorRV
@@ -1011,6 +1012,30 @@ def _select(param: Variable, plate: tuple[int, ...], mask: np.ndarray) -> Variab
     return pt.broadcast_to(param, plate)[pt.constant(mask)]
 
 
+def _mixture_parts(rv: Variable) -> tuple[list[Variable], list[Variable]]:
+    """The weights (one elementwise expression per component) and components of a mixture.
+
+    ``pm.ZeroInflatedPoisson(psi, mu)`` is a mixture of ``DiracDelta(0)`` and
+    ``Poisson(mu)`` with weights ``stack([1 - psi, psi], axis=-1)``; the hurdle
+    likelihoods are the same with a truncated (or continuous) component. Component ``k``'s
+    weight is the stack's ``k``-th input where the weights are a stack, so that the walk
+    sees ``1 - psi``, not an indexing of a vector.
+    """
+    node = rv.owner
+    weights, components = node.inputs[1], list(node.inputs[2:])
+    if len(components) < 2:
+        raise UnsupportedModelError(
+            f"{rv.name}: a mixture of one batched distribution (pm.NormalMixture, pm.Mixture with a single "
+            "comp_dists) is not supported: its components' parameters are a vector per observation"
+        )
+    K = len(components)
+    from pytensor.graph.rewriting.utils import rewrite_graph
+
+    # canonicalize turns stack(...)[..., k] into the k-th stacked expression
+    parts = [rewrite_graph(weights[..., k], include=("canonicalize",)) for k in range(K)]
+    return parts, components
+
+
 def _dist_params(rv: Variable) -> list[Variable]:
     """The distribution parameters of random variable ``rv``, including ``pm.Truncated``'s.
 
@@ -1029,6 +1054,9 @@ def _dist_params(rv: Variable) -> list[Variable]:
     """
     node = rv.owner
     op = node.op
+    if isinstance(op, (MixtureRV, _HurdleRV)):
+        weights, components = _mixture_parts(rv)
+        return weights + [p for c in components for p in _dist_params(c)]
     if isinstance(op, CensoredRV):
         base = node.inputs[0]  # the base distribution's variable, then lower, upper
         if base.owner is None or not (isinstance(base.owner.op, RandomVariable) or (
@@ -1082,10 +1110,17 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
     if any(p.owner is not None and isinstance(p.owner.op, dists) and p not in model_rvs
            for p in _dist_params(rv)):
         raise UnsupportedModelError(
-            f"{rv.name}: {name} takes another distribution as a parameter (pm.Mixture, zero-inflated and hurdle "
-            "likelihoods, ...); "
-            "pmkjit needs an elementwise distribution whose parameters are expressions of the latents"
+            f"{rv.name}: {name} takes another distribution as a parameter; pmkjit needs an elementwise "
+            "distribution whose parameters are expressions of the latents (pm.Censored, pm.Truncated and "
+            "mixtures of elementwise distributions, e.g. zero-inflated and hurdle likelihoods, are read)"
         )
+    if isinstance(op, (MixtureRV, _HurdleRV)):
+        # elementwise mixtures (zero-inflated, hurdle): the weights' core axis is split
+        # into one expression per component by _dist_params
+        for c in _mixture_parts(rv)[1]:
+            if c.owner is None or getattr(c.owner.op, "ndim_supp", 0) != 0:
+                raise UnsupportedModelError(f"{rv.name}: a mixture of multivariate components is not supported")
+        return
     if getattr(op, "ndim_supp", 0) != 0 or any(n != 0 for n in (getattr(op, "ndims_params", None) or [])):
         # pm.OrderedLogistic / OrderedProbit are Categorical underneath: say so, the user
         # never wrote "Categorical"
@@ -1104,6 +1139,15 @@ def _infinite_constant(var: Variable) -> bool:
 
 def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
     """``rv``'s distribution with its parameters replaced by flat vectors (size from them)."""
+    with warnings.catch_warnings():
+        # PyMC's truncation of a discrete base (pm.Truncated, the hurdle count likelihoods)
+        # builds a scan the old way: the DeprecationWarning is PyMC's, already raised when
+        # the model was written, not the user's to act on
+        warnings.filterwarnings("ignore", "Scan return signature will change", DeprecationWarning)
+        return _rebuilt(rv, flat_params)
+
+
+def _rebuilt(rv: Variable, flat_params: list) -> Variable:
     node = rv.owner
     op = node.op
     if isinstance(op, CustomSymbolicDistRV):
@@ -1112,6 +1156,21 @@ def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
         if "dist" not in closure:
             raise UnsupportedModelError(f"{rv.name}: cannot rebuild this CustomDist for batched evaluation")
         return pm.CustomDist.dist(*flat_params, dist=closure["dist"], class_name=type(op).__name__)
+    if isinstance(op, (MixtureRV, _HurdleRV)):
+        # as laid out by _dist_params: one weight per component, then each one's parameters
+        _, components = _mixture_parts(rv)
+        weights, rest = flat_params[: len(components)], list(flat_params[len(components):])
+        rebuilt = []
+        for c in components:
+            original = _dist_params(c)
+            # the walk hands constants back as floats; DiracDelta(0) of a count likelihood
+            # must stay an integer, or PyMC refuses to mix discrete and continuous components
+            flat = [pt.cast(f, o.dtype) if o.dtype.startswith(("int", "uint")) else f
+                    for f, o in zip(rest[: len(original)], original)]
+            rebuilt.append(_flat_distribution(c, flat))
+            rest = rest[len(original):]
+        w = pt.stack([pt.as_tensor_variable(x) for x in weights], axis=-1)
+        return (_Hurdle if isinstance(op, _HurdleRV) else Mixture).dist(w, rebuilt)
     if isinstance(op, CensoredRV):
         # as laid out by _dist_params: the base's parameters, then the bounds; an absent
         # bound (the constant -inf or inf) is passed as none, as for pm.Truncated below

@@ -98,6 +98,21 @@ def affine_coefficients(
     return np.ascontiguousarray(A), np.array(c)
 
 
+def _follows_batch(cond: Variable, expr: Variable) -> bool:
+    """Whether ``cond`` can be applied entry by entry to ``expr`` (its shape broadcasts along it).
+
+    A mixture's check on its weights has the components' axis (length 2 for a zero-inflated
+    likelihood), not the batch's: applied elementwise it met the batch of 100 entries in an
+    Elemwise of incompatible shapes.
+    """
+    if cond.ndim > expr.ndim:
+        return False
+    for c, e in zip(cond.type.shape[::-1], expr.type.shape[::-1]):
+        if c is not None and c != 1 and c != e:
+            return False
+    return True
+
+
 def parameter_checks_to_ninf(logp: Variable) -> Variable:
     """``logp`` with PyMC's parameter checks turned into ``-inf``, entry by entry.
 
@@ -137,7 +152,7 @@ def parameter_checks_to_ninf(logp: Variable) -> Variable:
             return None
         expr, *conds = node.inputs
         parts = [c for cond in conds for c in (conditions(cond) or [None])]
-        if any(c is None for c in parts) or any(c.ndim > expr.ndim for c in parts):
+        if any(c is None or not _follows_batch(c, expr) for c in parts):
             ok = pt.all([pt.all(c) for c in conds])
         else:
             ok = parts[0]
