@@ -94,8 +94,7 @@ _SPLIT = ("BernoulliRV", "BinomialRV", "PoissonRV")
 _TIME_SERIES = {
     "RandomWalkRV": (
         "pm.GaussianRandomWalk / pm.RandomWalk",
-        "; a walk with a constant step size can be written as pt.cumsum of pm.Normal increments (affine, "
-        "supported), a latent step size cannot",
+        "; Gaussian random walks (Normal initial value and Normal innovations) are supported",
     ),
     "AutoRegressiveRV": ("pm.AR", ""),
     "GARCH11RV": ("pm.GARCH11", ""),
@@ -218,7 +217,7 @@ class _Builder:
             transform = _default_transform(op, rv)
         tname = type(transform).__name__ if transform is not None else None
         if tname is None:
-            if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",):
+            if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",) and not _normal_walk(rv):
                 hint = _TIME_SERIES.get(type(op).__name__, ("", ""))[1]
                 raise UnsupportedModelError(
                     f"{name}: multivariate latent {_distribution_label(op)} is not supported (only MvNormal){hint}"
@@ -418,6 +417,9 @@ class _Builder:
             if opname == "MvNormalRV":
                 self._mvnormal_prior(rv, params)
                 return
+            if opname == "RandomWalkRV":
+                self._random_walk_prior(rv)
+                return
         else:
             consts = [self._constant(p, rv.name) for p in params]
             if all(c is not None for c in consts):
@@ -549,12 +551,18 @@ class _Builder:
             return None
         return _finite(evaluate_constant(p), owner, p)
 
-    def _try_gaussian_term(self, rv, params, *, prior: bool, y=None) -> bool:
+    def _try_gaussian_term(self, rv, params, *, prior: bool, y=None, rows=None, plate=None, label=None) -> bool:
+        """Exact Normal factor: constant scale, affine mean.
+
+        ``rows`` (with its ``plate``) replaces the prior's variable by linear combinations of
+        the Gaussian block (a random walk's increments); ``label`` names the term.
+        """
         mu, sigma = params
         sigma_v = self._constant(sigma, rv.name)
         if sigma_v is None:
             return False
-        plate = self.variables[rv.name].shape if prior else y.shape
+        if plate is None:
+            plate = self.variables[rv.name].shape if prior else y.shape
         mu_v = self._constant(mu, rv.name)
         D = self.graph.n_theta
         B = int(np.prod(plate, dtype=int))
@@ -570,22 +578,27 @@ class _Builder:
             A, c = affine
         prec = 1.0 / self._broadcast(sigma_v, plate, rv.name, sigma) ** 2
         if prior:
-            R, target = _unit_rows(self.variables[rv.name], self.graph.n_theta) - A, np.zeros(B)
+            unit = _unit_rows(self.variables[rv.name], self.graph.n_theta) if rows is None else rows
+            R, target = unit - A, np.zeros(B)
             c = -c
         else:
             R, target = A, y.ravel()
-        name = f"prior of {rv.name}" if prior else f"likelihood of {rv.name}"
+        name = f"prior of {label or rv.name}" if prior else f"likelihood of {rv.name}"
         self.graph.gaussian_terms.append(GaussianTerm(name, R, c, target, prec))
         return True
 
-    def _try_normal_scale(self, rv, params, *, prior: bool, y=None) -> bool:
-        """Normal with an affine mean and a latent Gamma-family scale or precision."""
+    def _try_normal_scale(self, rv, params, *, prior: bool, y=None, rows=None, plate=None, label=None) -> bool:
+        """Normal with an affine mean and a latent Gamma-family scale or precision.
+
+        ``rows``, ``plate`` and ``label`` as for :meth:`_try_gaussian_term`.
+        """
         mu, sigma = params
         deps = latent_ancestors(sigma, self.latent_rvs)
         if len(deps) != 1 or self.variables[deps[0].name].family is not Gamma:
             return False
         var = self.variables[rv.name] if prior else None
-        plate = var.shape if prior else y.shape
+        if plate is None:
+            plate = var.shape if prior else y.shape
         D, B = self.graph.n_theta, int(np.prod(plate, dtype=int))
         for link, name in (("identity", "normal-scale"), ("rsqrt", "normal-precision")):
             index = self._linked_index(sigma, deps[0], plate, link)
@@ -607,19 +620,51 @@ class _Builder:
                 return False
             A, c = affine
         if prior:  # the residual x - mu, "observed" at 0
-            A, c, observed = _unit_rows(var, D) - A, -c, np.zeros(B)
+            A, c, observed = (_unit_rows(var, D) if rows is None else rows) - A, -c, np.zeros(B)
         else:
             observed = y.ravel()
-        slots = [LinearSlot(A, c, f"{rv.name} - mean" if prior else f"mean of {rv.name}"),
+        label = label or rv.name
+        slots = [LinearSlot(A, c, f"{label} - mean" if prior else f"mean of {rv.name}"),
                  ElementSlot(deps[0].name, index, Gamma, deps[0].name)]
         what = "prior" if prior else "likelihood"
         self.graph.factors.append(BlackBoxFactor(
-            name=rv.name, kind="likelihood", inputs=slots, sampler=None, logp=None, density_source="pymc",
-            key=f"{name}", description=f"{rv.name}: {what} Normal with latent "
+            name=label, kind="likelihood", inputs=slots, sampler=None, logp=None, density_source="pymc",
+            key=f"{name}", description=f"{label}: {what} Normal with latent "
             f"{'scale' if link == 'identity' else 'precision'} {deps[0].name} (semi-analytic)",
             observed=observed, size=B, analytic=name, from_prior=prior,
         ))
         return True
+
+    def _random_walk_prior(self, rv) -> None:
+        """A Gaussian random walk: Normal factors on its initial value and on its increments.
+
+        ``pm.GaussianRandomWalk("z", mu, sigma, init_dist=..., shape=(..., T))`` is
+        ``z[..., 0] ~ init_dist`` and ``z[..., t] - z[..., t - 1] ~ Normal(mu, sigma)``: each
+        is a Normal prior on rows of the joint Gaussian (exact with a constant scale,
+        semi-analytic with a latent one), as the centred hierarchical prior is on
+        ``x - mu``. The walk's innovations are laid out time first, ``(T - 1, ...)``.
+        """
+        var = self.variables[rv.name]
+        D = self.graph.n_theta
+        init, innovations = rv.owner.inputs[0], rv.owner.inputs[1]
+        cols = var.offset + np.arange(var.size).reshape(var.shape)
+        first = cols[..., 0].ravel()
+        now, before = np.moveaxis(cols[..., 1:], -1, 0).ravel(), np.moveaxis(cols[..., :-1], -1, 0).ravel()
+        R0 = np.zeros((first.size, D))
+        R0[np.arange(first.size), first] = 1.0
+        R1 = np.zeros((now.size, D))
+        R1[np.arange(now.size), now] = 1.0
+        R1[np.arange(now.size), before] = -1.0
+        for dist, rows, what in ((init, R0, "initial value"), (innovations, R1, "increments")):
+            params = [lift_indexing(p) for p in _dist_params(dist)]
+            plate = tuple(int(n) for n in evaluate_constant(dist.shape))
+            label = f"{rv.name} ({what})"
+            if not (self._try_gaussian_term(rv, params, prior=True, rows=rows, plate=plate, label=label)
+                    or self._try_normal_scale(rv, params, prior=True, rows=rows, plate=plate, label=label)):
+                raise UnsupportedModelError(
+                    f"{rv.name}: the {what} of this Gaussian random walk need a scale that is a constant or one "
+                    "positive latent (sigma or its precision) and a mean affine in the real-valued latents"
+                )
 
     def _mvnormal_prior(self, rv, params) -> None:
         mu, cov = params
@@ -1034,6 +1079,14 @@ def _mixture_parts(rv: Variable) -> tuple[list[Variable], list[Variable]]:
     # canonicalize turns stack(...)[..., k] into the k-th stacked expression
     parts = [rewrite_graph(weights[..., k], include=("canonicalize",)) for k in range(K)]
     return parts, components
+
+
+def _normal_walk(rv: Variable) -> bool:
+    """Whether ``rv`` is a random walk with a Normal initial value and Normal innovations."""
+    node = rv.owner
+    if type(node.op).__name__ != "RandomWalkRV" or len(node.inputs) < 2:
+        return False
+    return all(d.owner is not None and type(d.owner.op).__name__ == "NormalRV" for d in node.inputs[:2])
 
 
 def _dist_params(rv: Variable) -> list[Variable]:
