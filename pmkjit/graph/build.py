@@ -100,6 +100,14 @@ _TIME_SERIES = {
     "EulerMaruyamaRV": ("pm.EulerMaruyama", ""),
 }
 
+# Distributions of distributions, by the constructors that build them (their op names,
+# "MixtureRV" or "_HurdleRV", say neither pm.ZeroInflatedPoisson nor pm.HurdleGamma)
+_OF_DISTRIBUTIONS = {
+    "MixtureRV": "pm.Mixture, pm.NormalMixture or a zero-inflated distribution such as pm.ZeroInflatedPoisson",
+    "_HurdleRV": "a hurdle distribution such as pm.HurdlePoisson or pm.HurdleGamma",
+    "CensoredRV": "pm.Censored",
+}
+
 
 # Distributions whose support moves with their parameters: an observation outside it at
 # the points tried may be inside it elsewhere, so the support check leaves them alone.
@@ -1103,6 +1111,8 @@ def _distribution_label(op) -> str:
         return f"pm.Truncated of {type(op.base_rv_op).__name__}"
     if opname in _TIME_SERIES:
         return f"{_TIME_SERIES[opname][0]} ({opname})"
+    if opname in _OF_DISTRIBUTIONS:
+        return f"{opname} ({_OF_DISTRIBUTIONS[opname]})"
     return opname
 
 
@@ -1122,8 +1132,9 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
     if any(p.owner is not None and isinstance(p.owner.op, dists) and p not in model_rvs
            for p in _dist_params(rv)):
         raise UnsupportedModelError(
-            f"{rv.name}: {name} takes another distribution as a parameter (pm.Censored, pm.Mixture, ...); "
-            "pmkjit needs an elementwise distribution whose parameters are expressions of the latents"
+            f"{rv.name}: {_distribution_label(op)} takes another distribution as a parameter (pm.Censored, "
+            "pm.Mixture and the zero-inflated and hurdle distributions built on it); pmkjit needs an elementwise "
+            "distribution whose parameters are expressions of the latents: fit this model with pm.sample"
         )
     if getattr(op, "ndim_supp", 0) != 0 or any(n != 0 for n in (getattr(op, "ndims_params", None) or [])):
         # pm.OrderedLogistic / OrderedProbit are Categorical underneath: say so, the user
