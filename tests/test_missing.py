@@ -321,3 +321,16 @@ def test_the_posterior_has_pm_samples_variables_dims_and_coords():
         np.testing.assert_array_equal(post[dim].values, values)
     draws = post["y_unobserved"]
     assert float(draws.sel(y_unobserved_dim_0=1).mean()) == float(draws[..., 1].mean())
+
+
+def test_a_multivariate_likelihood_with_missing_entries_is_refused_naming_its_distribution():
+    # a NaN in some entries of an MvNormal row makes PyMC wrap the whole variable in a
+    # PartialObservedRV: the refusal named that ("multivariate likelihood PartialObservedRV")
+    Y = np.random.default_rng(0).normal(size=(20, 2))
+    Y[3, 1] = np.nan
+
+    def build():
+        pm.MvNormal("Y", pm.Normal("mu", 0.0, 1.0, shape=2), np.eye(2), observed=Y)
+
+    with pytest.raises(UnsupportedModelError, match=r"^Y_observed: multivariate likelihood MvNormalRV is not"):
+        build_factor_graph(_model(build))

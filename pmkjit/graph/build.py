@@ -462,11 +462,14 @@ class _Builder:
         if not np.all(np.isfinite(y)):
             bad = np.argwhere(~np.isfinite(y))[0].tolist()
             raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
-        if getattr(op, "ndim_supp", 0) != 0:
-            raise UnsupportedModelError(
-                f"{rv.name}: multivariate likelihood {_distribution_label(op)} is not supported; write it elementwise"
-            )
         partial = _partial_observed(rv)
+        if getattr(op, "ndim_supp", 0) != 0:
+            # named by the distribution, not by PyMC's PartialObservedRV around it (an
+            # MvNormal with a NaN in some of a row's entries)
+            dist = op if partial is None else partial[0].owner.op
+            raise UnsupportedModelError(
+                f"{rv.name}: multivariate likelihood {_distribution_label(dist)} is not supported; write it elementwise"
+            )
         if partial is None:
             self._likelihood_entries(rv, y, None)
         else:
