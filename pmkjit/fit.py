@@ -310,9 +310,23 @@ def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
 def _as_original(idata: az.InferenceData, original: pm.Model) -> az.InferenceData:
     """The posterior of a rewritten model with the original model's variables in its order."""
     post = idata.posterior
-    order = [v.name for v in original.free_RVs + original.deterministics if v.name in post]
+    order = [n for n in _sample_order(original) if n in post]
     idata.posterior = post[order + [v for v in post.data_vars if v not in order]]
     return idata
+
+
+def _sample_order(model: pm.Model) -> list[str]:
+    """Variable names in the order of ``pm.sample``'s posterior.
+
+    ``pm.sample`` records ``model.unobserved_value_vars``: the free variables without a
+    transform first, then those with one, then the deterministics, so a Normal ``b``
+    declared after a ``HalfNormal`` ``tau`` comes before it. The free variables'
+    declaration order put ``az.summary`` rows of an EP fit and a NUTS trace of the same
+    model in different orders.
+    """
+    plain = [rv.name for rv in model.free_RVs if model.rvs_to_transforms.get(rv) is None]
+    transformed = [rv.name for rv in model.free_RVs if model.rvs_to_transforms.get(rv) is not None]
+    return plain + transformed + [d.name for d in model.deterministics]
 
 
 def _count(name: str, value, minimum: int) -> int:
@@ -566,8 +580,11 @@ def _predictive_draws(posterior: xr.Dataset | None, model: pm.Model, names: list
         dims = ("chain", "draw") + tuple(model.named_vars_to_dims.get(name) or
                                          (f"{name}_dim_{i}" for i in range(draws.ndim - 2)))
         out[name] = (dims, draws)
-        out = out.assign_coords({d: np.asarray(model.coords[d]) for d in dims[2:]
-                                 if d not in out.coords and model.coords.get(d) is not None})
+        # the model's coordinates, or 0, 1, ... for a dimension without them, as ArviZ gives
+        # pm.sample's y_unobserved_dim_0 (without, .sel(y_unobserved_dim_0=2) failed)
+        out = out.assign_coords({d: np.asarray(model.coords[d]) if model.coords.get(d) is not None
+                                 else np.arange(n) for d, n in zip(dims[2:], draws.shape[2:])
+                                 if d not in out.coords})
     return out
 
 

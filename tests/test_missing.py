@@ -199,3 +199,138 @@ def test_entries_that_read_an_imputed_covariate_get_a_factor_of_their_own():
         m, r = _draws(idata, name), _draws(ref, name)
         assert abs(m.mean() - r.mean()) < 0.3 * r.std(), name
         assert 0.8 < m.std() / r.std() < 1.25, name
+
+
+def _grid_moments_2d(grids, logp):
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    out = []
+    for g in grids:
+        m = float((w * g).sum())
+        out.append((m, float(np.sqrt((w * (g - m) ** 2).sum()))))
+    return out
+
+
+def test_missing_values_of_a_symbolic_distribution_are_imputed_and_the_rest_fitted():
+    # PyMC imputes NaN of a symbolic distribution (Weibull, pm.Truncated, a CustomDist with
+    # dist=) with one PartialObservedRV node over the whole variable, not two random
+    # variables: fit crashed with PyMC's "extended_signature must be provided"
+    from scipy import stats
+    from scipy.special import gamma as gamma_fn
+
+    rng = np.random.default_rng(11)
+    n = 30
+    t = 2.0 * rng.weibull(1.5, n)
+    miss = np.array([3, 17])
+    keep = np.setdiff1d(np.arange(n), miss)
+
+    def build():
+        k = pm.Gamma("k", 2.0, 1.0)
+        lam = pm.Gamma("lam", 2.0, 1.0)
+        pm.Weibull("t", alpha=k, beta=lam, observed=_with_nan(t, miss))
+
+    model = _model(build)
+    assert type(model["t_observed"].owner.op).__name__ == "PartialObservedRV"
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, compute_log_likelihood=False)
+    assert "t_observed: likelihood WeibullBeta (28 instances" in idata.ep.attrs["factor_graph"]
+    K, L = np.meshgrid(np.linspace(0.5, 3.5, 300), np.linspace(0.8, 4.0, 300), indexing="ij")
+    logp = stats.gamma(2).logpdf(K) + stats.gamma(2).logpdf(L)
+    logp = logp + stats.weibull_min.logpdf(t[keep][:, None, None], K, scale=L).sum(0)
+    q = pmkjit.ep_posterior(idata)
+    for name, (mean, sd) in zip(("k", "lam"), _grid_moments_2d((K, L), logp)):
+        assert abs(q[name].mean()[0] - mean) < 0.1 * sd, name
+        assert 0.9 < np.sqrt(q[name].var()[0]) / sd < 1.1, name
+    # the missing times are Weibull draws given each posterior draw of (k, lam)
+    draws = _draws(idata, "t_unobserved")
+    k, lam = _draws(idata, "k"), _draws(idata, "lam")
+    expected = lam * gamma_fn(1.0 + 1.0 / k)
+    assert draws.shape == (2000, 2) and draws.min() > 0
+    se = np.sqrt(draws.var(0) / draws.shape[0])
+    assert np.all(np.abs(draws.mean(0) - expected.mean()) < 4 * se)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # PyMC's truncated Poisson sampler calls pytensor's scan
+def test_a_truncated_likelihood_with_missing_values_keeps_its_absent_bound():
+    # its observed entries were the whole variable's parameters broadcast and indexed: the
+    # absent upper bound became a data array of inf, and EP failed mid-fit on an
+    # "improper point mass"
+    rng = np.random.default_rng(33)
+    x = rng.normal(size=70)
+    k = rng.poisson(np.exp(0.7 + 0.4 * x))
+    x, k = x[k > 0], k[k > 0]
+    miss = np.array([0, 9])
+    keep = np.setdiff1d(np.arange(x.size), miss)
+
+    def build():
+        a, b = pm.Normal("a", 0.0, 2.0), pm.Normal("b", 0.0, 2.0)
+        pm.Truncated("k", pm.Poisson.dist(pm.math.exp(a + b * x)), lower=1, observed=_with_nan(k, miss))
+
+    idata = pmkjit.fit(model=_model(build), random_seed=0, progressbar=False, compute_log_likelihood=False)
+    A, B = np.meshgrid(np.linspace(-0.5, 1.8, 250), np.linspace(-0.6, 1.2, 250), indexing="ij")
+    mu = np.exp(A[None] + B[None] * x[keep][:, None, None])
+    kk = k[keep][:, None, None]
+    logp = -(A**2 + B**2) / 8.0 + (kk * np.log(mu) - mu - np.log1p(-np.exp(-mu))).sum(0)
+    q = pmkjit.ep_posterior(idata)
+    for name, (mean, sd) in zip(("a", "b"), _grid_moments_2d((A, B), logp)):
+        assert abs(q[name].mean()[0] - mean) < 0.1 * sd, name
+        assert 0.85 < np.sqrt(q[name].var()[0]) / sd < 1.15, name
+    counts = _draws(idata, "k_unobserved")
+    assert counts.min() >= 1  # drawn from the truncated predictive
+
+
+def test_missing_values_of_a_symbolic_distribution_read_by_another_variable_are_refused_by_name():
+    rng = np.random.default_rng(35)
+    t = 2.0 * rng.weibull(1.5, 20)
+
+    def build():
+        k, lam = pm.Gamma("k", 2.0, 1.0), pm.Gamma("lam", 2.0, 1.0)
+        tt = pm.Weibull("t", alpha=k, beta=lam, observed=_with_nan(t, [1, 2]))
+        pm.Normal("y", pm.Normal("b", 0.0, 1.0) * tt, 0.3, observed=np.zeros(20))
+
+    with pytest.raises(UnsupportedModelError, match=r"^t: .*t_unobserved.*drop or fill"):
+        pmkjit.fit(model=_model(build), progressbar=False)
+
+
+def test_the_posterior_has_pm_samples_variables_dims_and_coords():
+    # pm.sample orders its posterior as model.unobserved_value_vars (untransformed free
+    # variables, then transformed ones, then deterministics) and gives a dimension without
+    # coords (y_unobserved_dim_0) the coordinates 0, 1, ...; EP's imputed draws had none,
+    # and its variables came in declaration order (s first)
+    rng = np.random.default_rng(8)
+    g = rng.integers(0, 3, 30)
+    y = _with_nan(rng.normal(size=30), [4, 9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pm.Model(coords={"group": ["a", "b", "c"]}) as model:
+            s = pm.HalfNormal("s", 1.0)
+            mu = pm.Normal("mu", 0.0, 1.0, dims="group")
+            pm.Deterministic("spread", mu * s, dims="group")
+            pm.Normal("y", mu[g], s, observed=y)
+    post = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=5, chains=1,
+                      compute_log_likelihood=False).posterior
+    # pm.sample(draws=5, chains=1) on this model gives exactly these (PyMC 5.28)
+    assert list(post.data_vars) == ["mu", "y_unobserved", "s", "spread", "y"]
+    dims = {"mu": ("group",), "y_unobserved": ("y_unobserved_dim_0",), "s": (), "spread": ("group",),
+            "y": ("y_dim_0",)}
+    for name, d in dims.items():
+        assert post[name].dims == ("chain", "draw") + d, name
+    coords = {"chain": [0], "draw": np.arange(5), "group": ["a", "b", "c"], "y_unobserved_dim_0": [0, 1],
+              "y_dim_0": np.arange(30)}
+    assert set(post.coords) == set(coords)
+    for dim, values in coords.items():
+        np.testing.assert_array_equal(post[dim].values, values)
+    draws = post["y_unobserved"]
+    assert float(draws.sel(y_unobserved_dim_0=1).mean()) == float(draws[..., 1].mean())
+
+
+def test_a_multivariate_likelihood_with_missing_entries_is_refused_naming_its_distribution():
+    # a NaN in some entries of an MvNormal row makes PyMC wrap the whole variable in a
+    # PartialObservedRV: the refusal named that ("multivariate likelihood PartialObservedRV")
+    Y = np.random.default_rng(0).normal(size=(20, 2))
+    Y[3, 1] = np.nan
+
+    def build():
+        pm.MvNormal("Y", pm.Normal("mu", 0.0, 1.0, shape=2), np.eye(2), observed=Y)
+
+    with pytest.raises(UnsupportedModelError, match=r"^Y_observed: multivariate likelihood MvNormalRV is not"):
+        build_factor_graph(_model(build))

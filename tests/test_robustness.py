@@ -211,6 +211,7 @@ def test_pymc_symbolic_scale_priors_are_black_box_priors(make, scipy_dist):
     assert stats.kstest(draws.ravel(), lambda v: folded * scipy_dist.cdf(v) - (folded - 1.0)).pvalue > 1e-3
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # PyMC builds hurdle distributions with scan
 def test_distributions_of_distributions_are_refused_clearly():
     y = np.array([0.1, 1.2, -0.3])
     with pm.Model() as mixture:
@@ -765,7 +766,7 @@ def test_a_non_centred_group_effect_is_fitted_in_its_centred_form():
     assert_ep_matches_grid(idata, logp, grids, mean_tol=0.1)
     # the posterior is the original model's: z with its dims and the Deterministic a
     post = idata.posterior
-    assert list(post.data_vars) == ["mu", "tau", "z", "a"]
+    assert list(post.data_vars) == ["mu", "z", "tau", "a"]  # pm.sample's order: transformed tau after z
     assert post["z"].dims == post["a"].dims == ("chain", "draw", "group")
     np.testing.assert_allclose(post["z"], (post["a"] - post["mu"]) / post["tau"], rtol=1e-10)
     # z's prior is kept: its posterior sd over the groups is about 1

@@ -101,6 +101,14 @@ _TIME_SERIES = {
     "EulerMaruyamaRV": ("pm.EulerMaruyama", ""),
 }
 
+# Distributions of distributions, by the constructors that build them (their op names,
+# "MixtureRV" or "_HurdleRV", say neither pm.ZeroInflatedPoisson nor pm.HurdleGamma)
+_OF_DISTRIBUTIONS = {
+    "MixtureRV": "pm.Mixture, pm.NormalMixture or a zero-inflated distribution such as pm.ZeroInflatedPoisson",
+    "_HurdleRV": "a hurdle distribution such as pm.HurdlePoisson or pm.HurdleGamma",
+    "CensoredRV": "pm.Censored",
+}
+
 
 # Distributions whose support moves with their parameters: an observation outside it at
 # the points tried may be inside it elsewhere, so the support check leaves them alone.
@@ -183,6 +191,18 @@ class _Builder:
 
     def _family(self, rv: Variable) -> type:
         name = rv.name
+        if type(rv.owner.op).__name__ == "PartialObservedRV":
+            # missing entries of a symbolic distribution read by another variable (those
+            # that nothing reads are drawn from their predictive, pmkjit.graph.predictive)
+            whole = rv.owner.inputs[0]
+            observed = name[: -len("_unobserved")] if name.endswith("_unobserved") else name
+            raise UnsupportedModelError(
+                f"{observed}: the observed data contain missing values, which PyMC imputes as the latent {name}, "
+                f"read by another variable; for {_distribution_label(whole.owner.op)} PyMC imputes them through a "
+                "PartialObservedRV of the whole variable, which pmkjit cannot use as a prior (missing values that "
+                "nothing else reads are drawn from their predictive): drop or fill the missing entries, or give the "
+                "variable a distribution such as Normal, StudentT or Gamma"
+            )
         discrete = rv.dtype.startswith(("int", "uint", "bool"))
         if discrete and name.endswith("_unobserved") and name[: -len("_unobserved")] in self.model.named_vars:
             # missing values are latents like any other (PyMC's own imputation); those that
@@ -453,16 +473,31 @@ class _Builder:
         if not np.all(np.isfinite(y)):
             bad = np.argwhere(~np.isfinite(y))[0].tolist()
             raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
+        partial = _partial_observed(rv)
         if getattr(op, "ndim_supp", 0) != 0:
+            # named by the distribution, not by PyMC's PartialObservedRV around it (an
+            # MvNormal with a NaN in some of a row's entries)
+            dist = op if partial is None else partial[0].owner.op
             raise UnsupportedModelError(
-                f"{rv.name}: multivariate likelihood {_distribution_label(op)} is not supported; write it elementwise"
+                f"{rv.name}: multivariate likelihood {_distribution_label(dist)} is not supported; write it elementwise"
             )
-        self._likelihood_entries(rv, y, None)
+        if partial is None:
+            self._likelihood_entries(rv, y, None)
+        else:
+            # PyMC imputes the missing entries of a symbolic distribution (Weibull,
+            # pm.Truncated, a CustomDist with dist=) with a PartialObservedRV node over the
+            # whole variable, whose observed output is the entries ~mask of it: those
+            # entries of the whole variable's distribution are this likelihood
+            base, observed = partial
+            full = np.full(observed.shape, np.nan)
+            full[observed] = y.ravel()
+            self._likelihood_entries(base, full, observed, whole=observed)
         # after the walk, which refuses NaN in the parameters with that reason (a NaN
         # covariate also makes the entry's density -inf)
         self._check_support(rv, y)
 
-    def _likelihood_entries(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None) -> None:
+    def _likelihood_entries(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None,
+                            whole: np.ndarray | None = None) -> None:
         """The factors of the entries ``mask`` of likelihood ``rv`` (all of them for ``None``).
 
         Entries whose parameters read a latent in some places and only data in others
@@ -471,6 +506,8 @@ class _Builder:
         their own, so that every slot of a factor is latent in all of its instances: a
         slot that is constant for some instances gave those instances a cavity of zero
         variance, which EP skipped as improper, and the factor's information was lost.
+        ``whole``: the entries that make up the observed variable (its observed entries
+        when ``rv`` is the whole of a partly observed variable), all of them for ``None``.
         """
         graph = self.graph
         start = len(graph.factors)
@@ -482,11 +519,12 @@ class _Builder:
             constant = np.zeros(y.shape, bool)
             constant[full] = split.rows  # split.rows follows the selected entries in C order
             del graph.factors[start:], graph.gaussian_terms[sizes[0]:], graph.element_sites[sizes[1]:]
-            self._likelihood_entries(rv, y, constant)
-            self._likelihood_entries(rv, y, full & ~constant)
+            self._likelihood_entries(rv, y, constant, whole)
+            self._likelihood_entries(rv, y, full & ~constant, whole)
             return
-        if mask is not None:
-            label = f"{rv.name} ({int(mask.sum())} of {mask.size} entries)"
+        if mask is not None and (whole is None or not np.array_equal(mask, whole)):
+            total = mask.size if whole is None else int(whole.sum())
+            label = f"{rv.name} ({int(mask.sum())} of {total} entries)"
             for f in self.graph.factors[start:]:
                 f.name = label
                 f.description = f.description.replace(rv.name, label, 1)
@@ -886,8 +924,10 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
     for rv in model.observed_RVs:
         if type(rv.owner.op).__name__ in _PARAMETER_SUPPORT:
             continue
+        partial = _partial_observed(rv)
         try:
-            _check_elementwise_distribution(rv, latents)  # refused with its own reason later
+            # refused with its own reason later
+            _check_elementwise_distribution(rv if partial is None else partial[0], latents)
         except UnsupportedModelError:
             continue
         obs.append(rv)
@@ -1051,7 +1091,15 @@ class _PartlyConstant(Exception):
 
 
 def _select(param: Variable, plate: tuple[int, ...], mask: np.ndarray) -> Variable:
-    """``param`` broadcast to ``plate``, at the entries ``mask`` (an index lift_indexing can push down)."""
+    """``param`` broadcast to ``plate``, at the entries ``mask`` (an index lift_indexing can push down).
+
+    A parameter with one value (a scalar, or size-1 axes only) is the same at every entry
+    and is returned as it is: broadcast and indexed, ``pm.Truncated``'s absent bound
+    ``upper=inf`` became a data array of infinities, no longer recognisable as no bound,
+    and EP refused it as an improper point mass mid-fit.
+    """
+    if all(param.type.broadcastable):
+        return param
     if param.ndim == len(plate) and not any(param.type.broadcastable):
         return param[pt.constant(mask)]
     return pt.broadcast_to(param, plate)[pt.constant(mask)]
@@ -1087,6 +1135,29 @@ def _normal_walk(rv: Variable) -> bool:
     if type(node.op).__name__ != "RandomWalkRV" or len(node.inputs) < 2:
         return False
     return all(d.owner is not None and type(d.owner.op).__name__ == "NormalRV" for d in node.inputs[:2])
+
+
+def _partial_observed(rv: Variable) -> tuple[Variable, np.ndarray] | None:
+    """The whole variable and its observed entries, for the observed part of a partly observed one.
+
+    PyMC imputes the missing entries of a distribution it cannot index (a symbolic one:
+    ``pm.Weibull``, ``pm.Truncated``, a ``pm.CustomDist`` with ``dist=``, ...) with one
+    ``PartialObservedRV`` node over the whole variable, whose outputs are its observed
+    entries ``rv[~mask]`` and its missing ones ``rv[mask]``; a pure distribution (``Normal``,
+    ``Poisson``, ...) gets two separate random variables instead. Returns ``None`` for
+    anything but the observed output of such a node; else the whole variable (a copy of
+    its node, named as the observed variable, for messages and factor names) and the
+    boolean mask of its observed entries.
+    """
+    node = rv.owner
+    if node is None or type(node.op).__name__ != "PartialObservedRV" or node.outputs.index(rv) != 0:
+        return None
+    whole, mask = node.inputs[:2]
+    copy = whole.owner.clone()
+    base = copy.outputs[whole.owner.outputs.index(whole)]
+    base.name = rv.name
+    missing = np.asarray(evaluate_constant(mask), dtype=bool)
+    return base, ~np.broadcast_to(missing, tuple(int(d) for d in evaluate_constant(whole.shape)))
 
 
 def _dist_params(rv: Variable) -> list[Variable]:
@@ -1144,6 +1215,8 @@ def _distribution_label(op) -> str:
         return "pm.Censored"
     if opname in _TIME_SERIES:
         return f"{_TIME_SERIES[opname][0]} ({opname})"
+    if opname in _OF_DISTRIBUTIONS:
+        return f"{opname} ({_OF_DISTRIBUTIONS[opname]})"
     return opname
 
 
@@ -1163,9 +1236,10 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
     if any(p.owner is not None and isinstance(p.owner.op, dists) and p not in model_rvs
            for p in _dist_params(rv)):
         raise UnsupportedModelError(
-            f"{rv.name}: {name} takes another distribution as a parameter; pmkjit needs an elementwise "
-            "distribution whose parameters are expressions of the latents (pm.Censored, pm.Truncated and "
-            "mixtures of elementwise distributions, e.g. zero-inflated and hurdle likelihoods, are read)"
+            f"{rv.name}: {_distribution_label(op)} takes another distribution as a parameter; pmkjit needs an "
+            "elementwise distribution whose parameters are expressions of the latents (pm.Censored, pm.Truncated "
+            "and mixtures of elementwise distributions, e.g. zero-inflated and hurdle likelihoods, are read): "
+            "fit this model with pm.sample"
         )
     if isinstance(op, (MixtureRV, _HurdleRV)):
         # elementwise mixtures (zero-inflated, hurdle): the weights' core axis is split
