@@ -4,12 +4,14 @@ Each model is a regression of N = 60 points written as a PyMC user would. In the
 missing-data models 8 entries are NaN in ``observed=`` and PyMC imputes them as a latent
 ``*_unobserved``; in the censored ones (``censored_*``) observations beyond a detection limit
 or a follow-up time are recorded at the bound (``pm.Censored``); the last ones are
-zero-inflated and hurdle count and positive likelihoods (mixtures with a point mass at 0). The same model object goes to ``pm.sample`` (2 chains x 1,000 tuning and
+zero-inflated and hurdle count and positive likelihoods (mixtures with a point mass at 0);
+then two time series with a Gaussian random walk (a local-level model and PyMC's
+stochastic volatility model on T = 100 returns). The same model object goes to ``pm.sample`` (2 chains x 1,000 tuning and
 1,000 draws) and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
 range of sd_EP / sd_NUTS, EP's sweeps and convergence, and both wall times.
 
-Run: ``python benchmarks/gallery_vs_nuts.py`` (about 4 minutes); ``--models studentt poisson``
+Run: ``python benchmarks/gallery_vs_nuts.py`` (about 6 minutes); ``--models studentt poisson``
 for a subset. Output: ``benchmarks/results/gallery_vs_nuts.json``.
 """
 
@@ -188,6 +190,29 @@ def hurdle_gamma(seed):
     return m
 
 
+def local_level(seed):
+    rng, _, _ = _data(seed)
+    y = np.cumsum(0.3 * rng.normal(size=N)) + 0.5 * rng.normal(size=N)
+    with pm.Model(coords={"time": range(N)}) as m:
+        step, noise = pm.HalfNormal("step", 1.0), pm.HalfNormal("noise", 1.0)
+        level = pm.GaussianRandomWalk("level", sigma=step, init_dist=pm.Normal.dist(0, 5), dims="time")
+        pm.Normal("y", level, noise, observed=y, dims="time")
+    return m
+
+
+def stochastic_volatility(seed):
+    """PyMC's gallery model (T = 100 returns, Student-t with a random-walk log volatility)."""
+    rng = np.random.default_rng(seed)
+    T = 100
+    returns = 0.1 * np.exp(np.cumsum(0.15 * rng.normal(size=T)) - 1.0) * rng.standard_t(10, size=T)
+    with pm.Model(coords={"time": range(T)}) as m:
+        step = pm.Exponential("step", 10.0)
+        vol = pm.GaussianRandomWalk("vol", sigma=step, init_dist=pm.Normal.dist(0.0, 100.0), dims="time")
+        nu = pm.Exponential("nu", 0.1)
+        pm.StudentT("returns", nu=nu, lam=pm.math.exp(-2 * vol), observed=returns, dims="time")
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -195,6 +220,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "censored_weibull_survival": censored_weibull_survival, "censored_poisson": censored_poisson,
     "zero_inflated_poisson": zero_inflated_poisson, "zero_inflated_negative_binomial": zero_inflated_negative_binomial,
     "hurdle_poisson": hurdle_poisson, "hurdle_gamma": hurdle_gamma,
+    "local_level": local_level, "stochastic_volatility": stochastic_volatility,
 }
 
 
