@@ -13,6 +13,7 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import xarray as xr
+from pymc.model.transform.optimization import freeze_dims_and_data
 from pymc.backends.arviz import coords_and_dims_for_inferencedata, find_constants, find_observations
 
 from pmkjit import __version__  # defined before pmkjit imports this module
@@ -381,8 +382,9 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # function at it: a jump in the observed value that an operator's smooth kernel
         # spreads over its neighbours. On a censored Weibull regression (N = 50) KJIT left
         # the mean 0.12-0.23 posterior sd off where quadrature EP is within 0.01 sd (the
-        # same model uncensored: KJIT within 0.003 sd). The oracle answers it directly.
-        direct = shared or (oracle == "auto" and f.censored)
+        # same model uncensored: KJIT within 0.003 sd). The oracle answers it directly,
+        # whichever it is (a bound may also be infinite for some observations).
+        direct = shared or f.censored
         if method == "kjit" and f.latent_inputs and not direct:
             op = store.load(f) if store is not None else None
             pending = store.load_pending(f) if store is not None and op is None else None
@@ -565,13 +567,28 @@ def _predictive_draws(posterior: xr.Dataset | None, model: pm.Model, names: list
     :mod:`pmkjit.graph.predictive`).
     """
     seed = int(rng.integers(2**31 - 1))
-    pymc_log = logging.getLogger("pymc")
-    level = pymc_log.level
-    pymc_log.setLevel(logging.WARNING)  # PyMC announces "Sampling: [...]": an implementation detail here
+    # PyMC announces which variables it draws ("Sampling: [...]"): captured, not printed,
+    # and checked, since a variable drawn beside ours would replace its EP posterior draws
+    log = logging.getLogger("pymc.sampling.forward")
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    saved = log.level, log.propagate
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.addHandler(handler)
     try:
         pp = _forward(posterior, model, names, seed, shape)
     finally:
-        pymc_log.setLevel(level)
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+    for message in messages:
+        if message.startswith("Sampling: [") and message.endswith("]"):
+            drawn = {v.strip() for v in message[len("Sampling: ["):-1].split(",") if v.strip()}
+            if not drawn <= set(names):
+                raise RuntimeError(f"PyMC would redraw {sorted(drawn - set(names))} from their priors beside "
+                                   f"{names}; please report this model to pmkjit")
     if posterior is None:
         posterior = xr.Dataset(coords={"chain": np.arange(shape[0]), "draw": np.arange(shape[1])})
     out = posterior.copy()
@@ -590,7 +607,14 @@ def _predictive_draws(posterior: xr.Dataset | None, model: pm.Model, names: list
 
 def _forward(posterior: xr.Dataset | None, model: pm.Model, names: list[str], seed: int,
              shape: tuple[int, int]) -> dict[str, np.ndarray]:
-    """Forward draws of ``names`` given each posterior draw (or from the prior, without one)."""
+    """Forward draws of ``names`` given each posterior draw (or from the prior, without one).
+
+    The model's data are frozen into constants first: given a bare posterior, PyMC takes
+    every ``pm.Data`` as possibly changed and redraws each free variable downstream of one
+    from its prior (a latent whose prior sd was ``pm.Data(10.0)`` came back with the prior's
+    sd, 9.9, instead of the posterior's 0.1), and the predictive-only ones with it.
+    """
+    model = freeze_dims_and_data(model)
     if posterior is None:  # every latent is unread: the posterior is the prior
         pp = pm.sample_prior_predictive(draws=int(np.prod(shape)), model=model, var_names=list(names),
                                         random_seed=seed, return_inferencedata=False)

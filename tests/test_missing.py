@@ -334,3 +334,63 @@ def test_a_multivariate_likelihood_with_missing_entries_is_refused_naming_its_di
 
     with pytest.raises(UnsupportedModelError, match=r"^Y_observed: multivariate likelihood MvNormalRV is not"):
         build_factor_graph(_model(build))
+
+
+def test_a_predictive_latent_downstream_of_pm_data_keeps_its_parents_posterior():
+    # given a bare posterior, PyMC took every pm.Data as changed and redrew mu from its
+    # prior for the predictive draws of `new` (mean -0.35, sd 9.9 instead of 3.08, 0.14)
+    rng = np.random.default_rng(0)
+    y = 3.0 + rng.normal(size=100)
+
+    def build():
+        s0 = pm.Data("s0", 10.0)
+        mu = pm.Normal("mu", 0.0, s0)
+        pm.Normal("y", mu, 1.0, observed=y)
+        pm.Normal("new", mu, 0.1)
+
+    idata = pmkjit.fit(model=_model(build), random_seed=0, progressbar=False, draws=2000)
+    prec = 1 / 100 + 100
+    new = _draws(idata, "new")
+    exact_sd = np.sqrt(1 / prec + 0.01)
+    assert abs(new.mean() - y.sum() / prec) < 4 * exact_sd / np.sqrt(new.size)
+    assert abs(new.std() / exact_sd - 1) < 0.05
+    assert np.corrcoef(_draws(idata, "mu"), new)[0, 1] > 0.6  # drawn given mu's draws (exact 0.71)
+
+
+def test_an_unread_improper_latent_is_refused_before_ep():
+    def build():
+        pm.Flat("f")
+        pm.Normal("y", pm.Normal("m", 0.0, 1.0), 1.0, observed=np.zeros(3))
+
+    with pytest.raises(UnsupportedModelError, match="f: its prior is improper"):
+        build_factor_graph(_model(build))
+
+
+def test_two_dimensional_observations_split_like_flat_ones():
+    # a 2-D likelihood whose covariate has missing entries, and one whose linear slot is 0 in
+    # some entries (an indicator without intercept): the split crashed in 2-D with PyTensor's
+    # "Runtime broadcasting not allowed" or was refused, where the flat model worked
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(30, 2))
+    y = 1 + 2 * x + 0.3 * rng.normal(size=(30, 2))
+    x[[3, 7], [0, 1]] = np.nan
+    X = rng.integers(0, 2, size=(30, 2)).astype(float)
+    Y = 0.7 * X + 0.5 * rng.standard_t(3, size=(30, 2))
+    moments = []
+    for shape in [(30, 2), (60,)]:
+        def imputed_covariate():
+            xo = pm.Normal("x", 0, 1, observed=x.reshape(shape))
+            a, b = pm.Normal("a", 0, 5), pm.Normal("b", 0, 5)
+            pm.Normal("y", a + b * xo, 0.3, observed=y.reshape(shape))
+
+        names = sorted(f.name for f in build_factor_graph(_model(imputed_covariate)).factors)
+        assert names == ["y (2 of 60 entries)"]  # the 58 data entries are an exact Gaussian term
+
+        def indicator():
+            b, s = pm.Normal("b", 0, 2), pm.HalfNormal("s", 1)
+            pm.StudentT("y", nu=3, mu=b * X.reshape(shape), sigma=s, observed=Y.reshape(shape))
+
+        q = pmkjit.ep_posterior(pmkjit.fit(model=_model(indicator), random_seed=0, progressbar=False, draws=10))
+        moments.append([q["b"].mean()[0], q["b"].var()[0], q["s"].mean()[0]])
+    # the entries with X = 0 read only s; the model gives the same posterior in either shape
+    np.testing.assert_allclose(moments[0], moments[1], rtol=1e-6)

@@ -300,6 +300,46 @@ def test_zero_inflated_and_hurdle_likelihoods_match_the_grid_posterior(kind):
     assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.05
 
 
+def test_censoring_bounds_infinite_for_some_observations_match_the_grid_posterior():
+    # upper=np.where(censored, 1.0, np.inf): refused as data "containing infinite values ...
+    # drop or fill the missing entries", though PyMC's censored density reads inf as no bound
+    rng = np.random.default_rng(1)
+    n = 40
+    upper = np.where(np.arange(n) % 2 == 0, 1.0, np.inf)
+    y = np.minimum(1.0 + rng.normal(size=n), upper)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 3.0)
+        pm.Censored("y", pm.Normal.dist(mu, 1.0), lower=None, upper=upper, observed=y)
+    q = pmkjit.ep_posterior(pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10))["mu"]
+    grid = np.linspace(-2.0, 4.0, 4001)[:, None]
+    d = stats.norm(grid, 1.0)
+    ll = np.where(y >= upper, d.logsf(np.where(np.isinf(upper), 0.0, upper)), d.logpdf(y))
+    mean, sd = _grid_posterior(stats.norm(0.0, 3.0).logpdf(grid[:, 0]) + ll.sum(axis=1), grid[:, 0])
+    assert abs(q.mean()[0] - mean) < 0.05 * sd
+    assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.05
+
+
+def test_zero_inflation_that_varies_by_observation_matches_the_grid_posterior():
+    # psi = sigmoid(a + x) per observation: PyMC stacks the weights as a Join of vectors,
+    # which was refused as "depends on latent a through Subtensor (...; inside it: Join)"
+    from scipy.special import expit
+
+    rng = np.random.default_rng(3)
+    n = 80
+    x = rng.normal(size=n)
+    y = np.where(rng.random(n) < expit(0.5 + x), rng.poisson(3.0, n), 0)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 2.0)
+        pm.ZeroInflatedPoisson("y", psi=pm.math.sigmoid(a + x), mu=3.0, observed=y)
+    q = pmkjit.ep_posterior(pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10))["a"]
+    grid = np.linspace(-3.0, 4.0, 4001)[:, None]
+    p = expit(grid + x)
+    lik = np.where(y == 0, (1 - p) + p * np.exp(-3.0), p * stats.poisson(3.0).pmf(y))
+    mean, sd = _grid_posterior(stats.norm(0.0, 2.0).logpdf(grid[:, 0]) + np.log(lik).sum(axis=1), grid[:, 0])
+    assert abs(q.mean()[0] - mean) < 0.05 * sd
+    assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.05
+
+
 def test_a_latent_censored_variable_is_refused_naming_it():
     with pm.Model() as model:
         mu = pm.Normal("mu", 0.0, 1.0)

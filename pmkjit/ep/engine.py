@@ -333,9 +333,10 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
 def _flat_up_to_round_off(cavity: np.ndarray, marginal: np.ndarray) -> np.ndarray:
     """Gaussian cavities that are flat up to round-off, made proper and nearly flat.
 
-    When a prior-like factor is the only factor on its output (an imputed missing
-    observation, a group level without data) its site carries all of the output's
-    precision, so the cavity is exactly flat and its computed precision is round-off of
+    When a prior-like factor is the only factor on its output (the level of a group
+    effect ``u`` that no observation reads while other levels are read; a latent that
+    nothing reads at all is not in the graph, :mod:`pmkjit.graph.predictive`) its site
+    carries all of the output's precision, so the cavity is exactly flat and its computed precision is round-off of
     either sign. The factor is a normalised density of its output, so the tilted law has
     a limit as the cavity flattens (the output's predictive; no message to the parents),
     and a cavity with ``_FLAT`` times the marginal's precision reaches it to that relative

@@ -166,6 +166,8 @@ class _Builder:
             )
         offset = 0
         predictive = predictive_only(model)
+        for rv in predictive:
+            self._check_drawable(rv)
         fitted = [rv for rv in model.free_RVs if rv not in predictive]
         for rv in fitted:
             family = self._family(rv)
@@ -188,6 +190,20 @@ class _Builder:
         for rv in model.observed_RVs:
             self._likelihood(rv)
         return self.graph
+
+    def _check_drawable(self, rv: Variable) -> None:
+        """Refuse, before EP, a latent that nothing reads and that cannot be drawn from its prior."""
+        op = rv.owner.op
+        if type(op).__name__ in ("FlatRV", "HalfFlatRV"):
+            raise UnsupportedModelError(
+                f"{rv.name}: its prior is improper ({type(op).__name__[:-2]}) and no other variable reads it, so its "
+                "posterior is improper too: give it a proper prior or remove it"
+            )
+        if _has_no_random(op):
+            raise UnsupportedModelError(
+                f"{rv.name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
+                "(give it random= or write it with dist=); no other variable reads it, so pmkjit draws it from its prior"
+            )
 
     def _family(self, rv: Variable) -> type:
         name = rv.name
@@ -269,13 +285,20 @@ class _Builder:
         self._walk(var, plate, owner, leaves, seen=set())
         return leaves
 
-    def _walk(self, var: Variable, plate, owner: str, leaves: dict, seen: set) -> None:
+    def _walk(self, var: Variable, plate, owner: str, leaves: dict, seen: set, bound: bool = False) -> None:
+        """Record the leaves of ``var``; ``bound``: a censoring bound, whose entries may be infinite."""
         if id(var) in seen:
             return
         seen.add(id(var))
         deps = latent_ancestors(var, self.latent_rvs)
         if not deps:
-            value = _finite(evaluate_constant(var), owner, var)
+            value = np.asarray(evaluate_constant(var))
+            if bound:
+                # upper=np.where(censored, t, np.inf): an infinite entry is no bound for that
+                # observation, which PyMC's censored density reads as such; NaN is still refused
+                _finite(np.where(np.isinf(value), 0.0, value), owner, var)
+            else:
+                value = _finite(value, owner, var)
             if value.size == 1:
                 leaves[id(var)] = (var, float(value.reshape(())))
             else:
@@ -820,8 +843,9 @@ class _Builder:
                 f"{rv.name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
                 "(give it random= or write it with dist=)"
             )
-        for p in params:
-            self._walk(p, plate, rv.name, leaves, seen)
+        bounds = range(len(params) - 2, len(params)) if isinstance(op, CensoredRV) else ()
+        for i, p in enumerate(params):
+            self._walk(p, plate, rv.name, leaves, seen, bound=i in bounds)
         B = int(np.prod(plate, dtype=int))
         if kind == "likelihood" and not any(isinstance(slot, (LinearSlot, ElementSlot)) for _, slot in leaves.values()):
             return  # its parameters are constant in value (latents that cancel out): a constant factor
@@ -1109,7 +1133,9 @@ def _select(param: Variable, plate: tuple[int, ...], mask: np.ndarray) -> Variab
     and EP refused it as an improper point mass mid-fit.
     """
     if all(param.type.broadcastable):
-        return param
+        # squeezed: a (1, 1) parameter beside the selection's 1-D plate failed PyTensor's
+        # runtime broadcasting check
+        return param.squeeze() if param.ndim else param
     if param.ndim == len(plate) and not any(param.type.broadcastable):
         return param[pt.constant(mask)]
     return pt.broadcast_to(param, plate)[pt.constant(mask)]
@@ -1133,7 +1159,16 @@ def _mixture_parts(rv: Variable) -> tuple[list[Variable], list[Variable]]:
         )
     K = len(components)
     from pytensor.graph.rewriting.utils import rewrite_graph
+    from pytensor.tensor.basic import Join
 
+    node_w = weights.owner
+    if node_w is not None and isinstance(node_w.op, Join):
+        # weights that vary by observation, stack([1 - psi, psi], axis=-1) of vectors: a
+        # join of (..., 1) pieces on the last axis, which canonicalize does not index through
+        axis, *pieces = node_w.inputs
+        if (int(evaluate_constant(axis)) % weights.ndim == weights.ndim - 1 and len(pieces) == K
+                and all(p.type.shape[-1] == 1 for p in pieces)):
+            return [rewrite_graph(p[..., 0], include=("canonicalize",)) for p in pieces], components
     # canonicalize turns stack(...)[..., k] into the k-th stacked expression
     parts = [rewrite_graph(weights[..., k], include=("canonicalize",)) for k in range(K)]
     return parts, components

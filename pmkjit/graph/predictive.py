@@ -17,6 +17,10 @@ leaves them out of the factor graph, and :func:`pmkjit.fit` draws them after EP 
 sampling from the model given each posterior draw of the other latents
 (``pm.sample_posterior_predictive``), as NUTS's joint draws would have them, heavy tails,
 discreteness and all.
+
+This assumes that each latent's distribution is normalised for every value of its
+parents, as PyMC's distributions are. A ``pm.CustomDist`` whose ``logp=`` leaves out a
+normalising term that depends on its parents does tell NUTS about them; here it would not.
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ def predictive_only(model: pm.Model) -> list[Variable]:
         they are computed from the draws.
     """
     free = list(model.free_RVs)
+    free_set = set(free)
     rvs = list(model.basic_RVs)
     # direct parents only: stop at other random variables, so that v ~ N(w, 1) with
     # w ~ N(z, 1) reads w, not z
     parents = {
-        rv: {a for a in ancestors(list(rv.owner.inputs), blockers=rvs) if a in set(free) and a is not rv}
+        rv: {a for a in ancestors(list(rv.owner.inputs), blockers=rvs) if a in free_set and a is not rv}
         for rv in rvs
     }
     potential_reads = set(ancestors(list(model.potentials), blockers=rvs)) if model.potentials else set()

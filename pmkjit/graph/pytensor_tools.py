@@ -193,10 +193,10 @@ def lift_indexing(var: Variable) -> Variable:
             x, idx = node.inputs
         else:
             return None
-        flat = False
+        flat: tuple[int, ...] | None = None
         if idx.dtype == "bool" and isinstance(idx, Constant) and idx.ndim == x.ndim >= 1:
             # x[mask] is x.ravel()[flatnonzero(mask)] (numpy's C order for both)
-            flat = idx.ndim > 1
+            flat = tuple(idx.data.shape) if idx.ndim > 1 else None
             idx = pt.constant(np.flatnonzero(np.asarray(idx.data).ravel()).astype(np.int64))
         if idx.ndim != 1 or not idx.dtype.startswith(("int", "uint")) or x.ndim < 1:
             return None
@@ -206,12 +206,18 @@ def lift_indexing(var: Variable) -> Variable:
             return None
         return x, idx, flat
 
-    def part(inp: Variable, x: Variable, idx: Variable, flat: bool) -> Variable:
-        if not flat:
+    def part(inp: Variable, idx: Variable, flat: tuple[int, ...] | None) -> Variable:
+        if flat is None:
             return inp if inp.type.broadcastable[0] else inp[idx]
         if all(inp.type.broadcastable):
-            return inp.flatten()  # shape (1,): broadcasts against the selection
-        return pt.broadcast_to(inp, x.shape).flatten()[idx]
+            # a scalar: squeezed, it broadcasts against the selection (flattened to shape
+            # (1,) it lost its broadcast flag once the affine probes vectorised the graph)
+            return inp.squeeze()
+        if inp.owner is not None and isinstance(inp.owner.op, Elemwise) and len(inp.owner.outputs) == 1:
+            return inp.owner.op(*[part(i, idx, flat) for i in inp.owner.inputs])
+        # broadcast to the mask's constant shape: x.shape would tie data to the latents'
+        # shape graph, and latent_ancestors would then find latents in the data
+        return pt.broadcast_to(inp, flat).flatten()[idx]
 
     def lift(v: Variable) -> Variable:
         if v in memo:
@@ -222,7 +228,7 @@ def lift_indexing(var: Variable) -> Variable:
             found = indexed(node)
             if found is not None:
                 x, idx, flat = found
-                parts = [part(inp, x, idx, flat) for inp in x.owner.inputs]
+                parts = [part(inp, idx, flat) for inp in x.owner.inputs]
                 out = x.owner.op(*[lift(p) for p in parts])
                 if isinstance(out, (list, tuple)):
                     out = out[x.owner.outputs.index(x)]
