@@ -5,13 +5,14 @@ missing-data models 8 entries are NaN in ``observed=`` and PyMC imputes them as 
 ``*_unobserved``; in the censored ones (``censored_*``) observations beyond a detection limit
 or a follow-up time are recorded at the bound (``pm.Censored``); the last ones are
 zero-inflated and hurdle count and positive likelihoods (mixtures with a point mass at 0);
-then two time series with a Gaussian random walk (a local-level model and PyMC's
+then categorical effects as ``pm.ZeroSumNormal`` (a Normal and a logistic model); then two
+time series with a Gaussian random walk (a local-level model and PyMC's
 stochastic volatility model on T = 100 returns). The same model object goes to ``pm.sample`` (2 chains x 1,000 tuning and
 1,000 draws) and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
 range of sd_EP / sd_NUTS, EP's sweeps and convergence, and both wall times.
 
-Run: ``python benchmarks/gallery_vs_nuts.py`` (about 6 minutes); ``--models studentt poisson``
+Run: ``python benchmarks/gallery_vs_nuts.py`` (about 7 minutes); ``--models studentt poisson``
 for a subset. Output: ``benchmarks/results/gallery_vs_nuts.json``.
 """
 
@@ -213,6 +214,30 @@ def stochastic_volatility(seed):
     return m
 
 
+def zero_sum_effects(seed):
+    """Two crossed categorical effects as pm.ZeroSumNormal (one scale fixed, one latent)."""
+    rng, _, _ = _data(seed)
+    g, h = rng.integers(0, 5, N), rng.integers(0, 3, N)
+    y = 1 + np.array([-1, 0, 0.5, 1, -0.5])[g] + np.array([0.3, -0.3, 0])[h] + 0.5 * rng.normal(size=N)
+    with pm.Model(coords={"g": range(5), "h": range(3)}) as m:
+        a = pm.Normal("a", 0, 5)
+        u = pm.ZeroSumNormal("u", sigma=1.0, dims="g")
+        v = pm.ZeroSumNormal("v", sigma=pm.HalfNormal("sv", 1), dims="h")
+        pm.Normal("y", a + u[g] + v[h], pm.HalfNormal("s", 1), observed=y)
+    return m
+
+
+def zero_sum_logistic(seed):
+    rng, _, _ = _data(seed)
+    g = rng.integers(0, 5, N)
+    y = rng.binomial(1, 1 / (1 + np.exp(-np.array([-1, 0, 0.5, 1, -0.5])[g])))
+    with pm.Model(coords={"g": range(5)}) as m:
+        a, scale = pm.Normal("a", 0, 2), pm.HalfNormal("scale", 1)
+        u = pm.ZeroSumNormal("u", sigma=scale, dims="g")
+        pm.Bernoulli("y", logit_p=a + u[g], observed=y)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -220,6 +245,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "censored_weibull_survival": censored_weibull_survival, "censored_poisson": censored_poisson,
     "zero_inflated_poisson": zero_inflated_poisson, "zero_inflated_negative_binomial": zero_inflated_negative_binomial,
     "hurdle_poisson": hurdle_poisson, "hurdle_gamma": hurdle_gamma,
+    "zero_sum_effects": zero_sum_effects, "zero_sum_logistic": zero_sum_logistic,
     "local_level": local_level, "stochastic_volatility": stochastic_volatility,
 }
 

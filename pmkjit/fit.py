@@ -526,6 +526,9 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
     for v in graph.variables.values():
         if v.in_gaussian_block:
             x = theta[:, v.offset : v.offset + v.size]
+            if v.name in graph.zero_sum:  # EP holds the sum near 0 (sd 1e-4); the model at 0
+                x = x.reshape((n,) + v.shape)
+                x = x - x.mean(axis=-1, keepdims=True)
         else:
             q = v.family.from_natural(state.element_natural[v.name])
             x = q.sample(rng, n)

@@ -1165,3 +1165,29 @@ def test_a_gaussian_random_walk_with_a_latent_step_size_against_the_grid_posteri
     assert 0.9 < np.min(np.sqrt(q["z"].var()) / z_sd) and np.max(np.sqrt(q["z"].var()) / z_sd) < 1.2
     assert abs(q["s"].mean()[0] - s_mean) < 0.35 * s_sd
     assert 0.8 < np.sqrt(q["s"].var()[0]) / s_sd < 1.8
+
+
+def test_a_zero_sum_normal_effect_is_exact_and_its_draws_sum_to_zero():
+    # pm.ZeroSumNormal was refused (its transform); it is N(0, sigma^2 (I - J/K)): the
+    # exact posterior follows from u = H^T w, w ~ N(0, sigma^2 I_{K-1}), H Helmert's contrasts
+    from scipy.linalg import helmert
+
+    rng = np.random.default_rng(21)
+    n, K, sigma, noise = 90, 5, 0.8, 0.5
+    g = rng.integers(0, K, n)
+    y = 1.0 + np.array([-1.0, 0.0, 0.5, 1.0, -0.5])[g] + noise * rng.normal(size=n)
+    with pm.Model(coords={"group": range(K)}) as model:
+        a = pm.Normal("a", 0.0, 5.0)
+        u = pm.ZeroSumNormal("u", sigma=sigma, dims="group")
+        pm.Normal("y", a + u[g], noise, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=200)
+    q = pmkjit.ep_posterior(idata)["u"]
+    H = helmert(K)  # (K - 1, K)
+    X = np.column_stack([np.ones(n), H.T[g]])  # y = a + (H^T w)[g]
+    prec = np.diag([1 / 25.0] + [1 / sigma**2] * (K - 1)) + X.T @ X / noise**2
+    cov = np.linalg.inv(prec)
+    mean = cov @ X.T @ y / noise**2
+    u_mean, u_cov = H.T @ mean[1:], H.T @ cov[1:, 1:] @ H
+    np.testing.assert_allclose(q.mean(), u_mean, atol=1e-5)
+    np.testing.assert_allclose(q.var(), np.diag(u_cov), rtol=1e-4)
+    assert np.abs(idata.posterior["u"].sum("group")).max() < 1e-12

@@ -259,6 +259,13 @@ class _Builder:
                     f"{name}: multivariate latent {_distribution_label(op)} is not supported (only MvNormal){hint}"
                 )
             return Gaussian
+        if tname == "ZeroSumTransform" and type(op).__name__ == "ZeroSumNormalRV":
+            if op.ndim_supp != 1:
+                raise UnsupportedModelError(
+                    f"{name}: a ZeroSumNormal with n_zerosum_axes={op.ndim_supp} is not supported (one zero-sum "
+                    "axis, the last, is)"
+                )
+            return Gaussian
         if tname == "LogTransform":
             return Gamma
         if tname == "LogOddsTransform":
@@ -462,6 +469,9 @@ class _Builder:
                 return
             if opname == "RandomWalkRV":
                 self._random_walk_prior(rv)
+                return
+            if opname == "ZeroSumNormalRV":
+                self._zero_sum_prior(rv)
                 return
         else:
             consts = [self._constant(p, rv.name) for p in params]
@@ -736,6 +746,43 @@ class _Builder:
                 UserWarning,
                 stacklevel=4,
             )
+
+    def _zero_sum_prior(self, rv) -> None:
+        """``pm.ZeroSumNormal``: Normal factors on orthonormal contrasts, and the sum held at 0.
+
+        Its law is ``N(0, sigma^2 (I - J / K))`` on the last axis: the ``K - 1`` Helmert
+        contrasts ``h_j^T z`` are independent ``N(0, sigma)`` (exact with a constant
+        ``sigma``, semi-analytic with a latent one, like a hierarchical prior), and the
+        direction ``1 / sqrt(K)`` has no variance. EP's joint Gaussian cannot hold a
+        singular prior, so that direction gets the precision ``_ZERO_SUM_PRECISION`` (a
+        posterior sd of 1e-4 for the sum), and the draws are projected back onto the sums
+        of zero (:func:`pmkjit.fit`).
+        """
+        from scipy.linalg import helmert
+
+        var = self.variables[rv.name]
+        D = self.graph.n_theta
+        K = var.shape[-1]
+        cols = (var.offset + np.arange(var.size)).reshape(-1, K)  # (batch, K)
+        H = helmert(K)  # (K - 1, K): orthonormal rows, each orthogonal to the ones vector
+        R = np.zeros((cols.shape[0], K - 1, D))
+        R[np.arange(cols.shape[0])[:, None, None], np.arange(K - 1)[None, :, None], cols[:, None, :]] = H
+        sigma = _dist_params(rv)[0]  # (..., 1): one scale per batch entry
+        plate = var.shape[:-1] + (K - 1,)
+        params = [pt.constant(0.0), lift_indexing(sigma)]
+        label = f"{rv.name} (zero-sum contrasts)"
+        rows = R.reshape(-1, D)
+        if not (self._try_gaussian_term(rv, params, prior=True, rows=rows, plate=plate, label=label)
+                or self._try_normal_scale(rv, params, prior=True, rows=rows, plate=plate, label=label)):
+            raise UnsupportedModelError(
+                f"{rv.name}: a ZeroSumNormal needs a sigma that is a constant or one positive latent"
+            )
+        S = np.zeros((cols.shape[0], D))
+        S[np.arange(cols.shape[0])[:, None], cols] = 1.0 / np.sqrt(K)
+        self.graph.gaussian_terms.append(GaussianTerm(
+            f"sum of {rv.name} at 0", S, np.zeros(cols.shape[0]), np.zeros(cols.shape[0]),
+            np.full(cols.shape[0], _ZERO_SUM_PRECISION)))
+        self.graph.zero_sum.append(rv.name)
 
     def _mvnormal_prior(self, rv, params) -> None:
         mu, cov = params
@@ -1097,6 +1144,7 @@ def _inner_operations(var: Variable, latents: Sequence[Variable], limit: int = 3
 
 # below this (relative to the constant), the coefficients of an affine expression are rounding
 _CONSTANT_ATOL = 1e-12
+_ZERO_SUM_PRECISION = 1e8  # of a ZeroSumNormal's sum: no variance in the model, sd 1e-4 in EP's
 
 
 def _broadcast_mismatch(var: Variable, plate: tuple[int, ...]) -> tuple[int, ...] | None:

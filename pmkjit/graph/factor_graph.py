@@ -235,6 +235,8 @@ class FactorGraph:
     # free variables no factor reads (pmkjit.graph.predictive): drawn after EP from their
     # predictive given the others, so not in ``variables``
     predictive: list[str] = field(default_factory=list)
+    # ZeroSumNormal latents, whose draws are projected onto sums of zero along the last axis
+    zero_sum: list[str] = field(default_factory=list)
 
     @property
     def element_variables(self) -> list[LatentVariable]:
