@@ -543,16 +543,16 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
             coords=coords,
             dims=dims,
         )
-        # ``model`` reads observed variables as their data (observed_as_data, in fit):
-        # pm.compute_deterministics evaluates the graph with only the free variables given,
-        # so a deterministic reading an observed x (a + b * x) would otherwise get a fresh
-        # random draw of x per posterior draw, not its data as in pm.sample
         if graph.predictive:
             drawn = _predictive_draws(idata.get("posterior"), model, graph.predictive, rng, (chains, draws))
             if "posterior" in idata:
                 idata.posterior = drawn
             else:
                 idata.add_groups(posterior=drawn)
+        # ``model`` reads observed variables as their data (observed_as_data, in fit):
+        # pm.compute_deterministics evaluates the graph with only the free variables given,
+        # so a deterministic reading an observed x (a + b * x) would otherwise get a fresh
+        # random draw of x per posterior draw, not its data as in pm.sample
         det = pm.compute_deterministics(idata.posterior, model=model, merge_dataset=True, progressbar=False)
         idata.posterior = det
         if with_loglik and model.observed_RVs:
