@@ -1191,3 +1191,13 @@ def test_a_zero_sum_normal_effect_is_exact_and_its_draws_sum_to_zero():
     np.testing.assert_allclose(q.mean(), u_mean, atol=1e-5)
     np.testing.assert_allclose(q.var(), np.diag(u_cov), rtol=1e-4)
     assert np.abs(idata.posterior["u"].sum("group")).max() < 1e-12
+
+
+def test_a_zero_sum_normal_over_two_axes_is_refused_naming_its_zero_sum_axes():
+    # the matrix-valued check came first: "u: matrix-valued latent variables are not
+    # supported", though a (3, 4) ZeroSumNormal with one zero-sum axis is supported
+    with pm.Model() as model:
+        u = pm.ZeroSumNormal("u", sigma=1.0, shape=(3, 4), n_zerosum_axes=2)
+        pm.Normal("y", u, 1.0, observed=np.zeros((3, 4)))
+    with pytest.raises(UnsupportedModelError, match=r"u: a ZeroSumNormal with n_zerosum_axes=2 .*one zero-sum"):
+        pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)

@@ -236,6 +236,13 @@ class _Builder:
             )
         op = rv.owner.op
         if getattr(op, "ndim_supp", 0) > 1:
+            if type(op).__name__ == "ZeroSumNormalRV":
+                # its support is its zero-sum axes: this check came first and called a
+                # ZeroSumNormal over two axes "matrix-valued", though shape=(3, 4) is fine
+                raise UnsupportedModelError(
+                    f"{name}: a ZeroSumNormal with n_zerosum_axes={op.ndim_supp} is not supported (one zero-sum "
+                    "axis, the last, is)"
+                )
             raise UnsupportedModelError(f"{name}: matrix-valued latent variables are not supported")
         if isinstance(op, CensoredRV):
             # point masses at the bounds: a Gaussian message put mass beyond them (sd 0.63
