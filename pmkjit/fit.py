@@ -382,9 +382,11 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # function at it: a jump in the observed value that an operator's smooth kernel
         # spreads over its neighbours. On a censored Weibull regression (N = 50) KJIT left
         # the mean 0.12-0.23 posterior sd off where quadrature EP is within 0.01 sd (the
-        # same model uncensored: KJIT within 0.003 sd). The oracle answers it directly,
-        # whichever it is (a bound may also be infinite for some observations).
-        direct = shared or f.censored
+        # same model uncensored: KJIT within 0.003 sd). A hurdle or zero-inflated
+        # likelihood jumps the same way between its point mass and its density (a hurdle
+        # LogNormal: psi 0.83 by KJIT, 0.79 +- 0.05 exact, 0.79 by the oracle alone). The
+        # oracle answers these directly, whichever it is (a bound may also be infinite).
+        direct = shared or f.point_masses
         if method == "kjit" and f.latent_inputs and not direct:
             op = store.load(f) if store is not None else None
             pending = store.load_pending(f) if store is not None and op is None else None

@@ -1201,3 +1201,34 @@ def test_a_zero_sum_normal_over_two_axes_is_refused_naming_its_zero_sum_axes():
         pm.Normal("y", u, 1.0, observed=np.zeros((3, 4)))
     with pytest.raises(UnsupportedModelError, match=r"u: a ZeroSumNormal with n_zerosum_axes=2 .*one zero-sum"):
         pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)
+
+
+def test_a_hurdle_lognormal_is_answered_by_its_oracle_and_gets_psi_exactly():
+    # psi's posterior in a hurdle model is Beta(1 + #positive, 1 + #zero) whatever the rest;
+    # a KJIT operator smoothed over the jump between the point mass at 0 and the density
+    # (psi 0.833 where the exact posterior is 0.789 +- 0.054)
+    rng = np.random.default_rng(28)
+    n = 60
+    x = rng.normal(size=n)
+    y = np.where(rng.random(n) < 0.8, np.exp(0.3 + 0.5 * x + 0.5 * rng.normal(size=n)), 0.0)
+    with pm.Model() as model:
+        psi = pm.Beta("psi", 1.0, 1.0)
+        a, b = pm.Normal("a", 0.0, 2.0), pm.Normal("b", 0.0, 2.0)
+        pm.HurdleLogNormal("y", psi, a + b * x, pm.HalfNormal("sigma", 1.0), observed=y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # importance sampling's noise may keep EP from meeting tol
+        idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, max_sweeps=5)
+    assert "kjit" not in idata.ep.attrs["factor_methods"]
+    q = pmkjit.ep_posterior(idata)["psi"]
+    k = int((y > 0).sum())
+    exact = stats.beta(1 + k, 1 + n - k)
+    assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
+    assert abs(np.sqrt(q.var()[0]) / exact.std() - 1.0) < 0.15
+
+
+def test_a_latent_censoring_bound_is_refused_naming_the_likelihood():
+    with pm.Model() as model:
+        c = pm.Normal("c", 1.0, 1.0)
+        pm.Censored("y", pm.Normal.dist(0.0, 1.0), lower=None, upper=c, observed=np.array([0.2, 1.0, -0.5]))
+    with pytest.raises(UnsupportedModelError, match="y: a pm.Censored bound that depends on a latent"):
+        build_factor_graph(model)

@@ -161,9 +161,10 @@ class BlackBoxFactor:
     from_prior : bool
         The factor is a latent's prior rewritten as a likelihood (its residual is the
         slot); EP initialises its site from the prior.
-    censored : bool
-        A ``pm.Censored`` likelihood: its density switches from the base's density to
-        its cdf or survival function where the observation sits at a bound.
+    point_masses : bool
+        The likelihood puts point masses on some observed values: a ``pm.Censored`` one
+        at its bounds (the base's cdf or survival function there, its density elsewhere),
+        a zero-inflated or hurdle one at its ``DiracDelta`` component's value.
     key : str
         Identifies the factor's form (graph and families, not names or data), so a
         learned operator can be reused by another model with the same factor.
@@ -186,7 +187,7 @@ class BlackBoxFactor:
     size: int = 0
     analytic: str | None = None
     from_prior: bool = False
-    censored: bool = False
+    point_masses: bool = False
 
     @property
     def latent_inputs(self) -> list[int]:
