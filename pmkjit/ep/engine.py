@@ -336,8 +336,8 @@ def _flat_up_to_round_off(cavity: np.ndarray, marginal: np.ndarray) -> np.ndarra
     When a prior-like factor is the only factor on its output (the level of a group
     effect ``u`` that no observation reads while other levels are read; a latent that
     nothing reads at all is not in the graph, :mod:`pmkjit.graph.predictive`) its site
-    carries all of the output's precision, so the cavity is exactly flat and its computed precision is round-off of
-    either sign. The factor is a normalised density of its output, so the tilted law has
+    carries all of the output's precision, so the cavity is exactly flat and its computed
+    precision is round-off of either sign. The factor is a normalised density of its output, so the tilted law has
     a limit as the cavity flattens (the output's predictive; no message to the parents),
     and a cavity with ``_FLAT`` times the marginal's precision reaches it to that relative
     accuracy. Skipping the entries instead, as for any improper cavity, left them at a

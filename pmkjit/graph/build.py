@@ -201,8 +201,7 @@ class _Builder:
             )
         if _has_no_random(op):
             raise UnsupportedModelError(
-                f"{rv.name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
-                "(give it random= or write it with dist=); no other variable reads it, so pmkjit draws it from its prior"
+                _NO_SAMPLER.format(name=rv.name) + "; no other variable reads it, so pmkjit draws it from its prior"
             )
 
     def _family(self, rv: Variable) -> type:
@@ -267,12 +266,7 @@ class _Builder:
                 )
             return Gaussian
         if tname == "ZeroSumTransform" and type(op).__name__ == "ZeroSumNormalRV":
-            if op.ndim_supp != 1:
-                raise UnsupportedModelError(
-                    f"{name}: a ZeroSumNormal with n_zerosum_axes={op.ndim_supp} is not supported (one zero-sum "
-                    "axis, the last, is)"
-                )
-            return Gaussian
+            return Gaussian  # one zero-sum axis: more were refused with the matrix-valued latents above
         if tname == "LogTransform":
             return Gamma
         if tname == "LogOddsTransform":
@@ -596,7 +590,6 @@ class _Builder:
         if opname in _SPLIT and self._try_split(rv, opname, params, y):
             return
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
-        return
 
     def _check_support(self, rv: Variable, y: np.ndarray) -> None:
         """Refuse observed values of zero density (outside the distribution's support).
@@ -893,10 +886,7 @@ class _Builder:
         if kind != "likelihood" and _has_no_random(op):
             # EP starts a latent's prior site from forward samples (and importance sampling
             # draws from it): PyMC's own NotImplementedError surfaced mid-fit, from PyTensor
-            raise UnsupportedModelError(
-                f"{rv.name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
-                "(give it random= or write it with dist=)"
-            )
+            raise UnsupportedModelError(_NO_SAMPLER.format(name=rv.name))
         bounds = range(len(params) - 2, len(params)) if isinstance(op, CensoredRV) else ()
         for i, p in enumerate(params):
             self._walk(p, plate, rv.name, leaves, seen, bound=i in bounds)
@@ -1151,6 +1141,8 @@ def _inner_operations(var: Variable, latents: Sequence[Variable], limit: int = 3
 
 # below this (relative to the constant), the coefficients of an affine expression are rounding
 _CONSTANT_ATOL = 1e-12
+_NO_SAMPLER = ("{name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
+               "(give it random= or write it with dist=)")
 _ZERO_SUM_PRECISION = 1e8  # of a ZeroSumNormal's sum: no variance in the model, sd 1e-4 in EP's
 
 
@@ -1243,7 +1235,8 @@ def _has_point_masses(rv: Variable) -> bool:
     if isinstance(op, CensoredRV):
         return True
     if isinstance(op, (MixtureRV, _HurdleRV)):
-        return any(c.owner is not None and type(c.owner.op).__name__ == "DiracDeltaRV" for c in _mixture_parts(rv)[1])
+        components = rv.owner.inputs[2:]  # the weights need not be rewritten for this
+        return any(c.owner is not None and type(c.owner.op).__name__ == "DiracDeltaRV" for c in components)
     return False
 
 
@@ -1431,10 +1424,7 @@ def _rebuilt(rv: Variable, flat_params: list) -> Variable:
         *base_params, lower, upper = flat_params
         lower, upper = (None if _infinite_constant(orig) else flat
                         for flat, orig in zip((lower, upper), node.inputs[1:3]))
-        base_op = node.inputs[0].owner.op
-        base = (base_op(*base_params) if isinstance(base_op, RandomVariable)
-                else type(base_op).rv_op(*base_params, size=None))  # PyMC's symbolic ones (Weibull, ...)
-        return pm.Censored.dist(base, lower=lower, upper=upper)
+        return pm.Censored.dist(_rebuilt(node.inputs[0], base_params), lower=lower, upper=upper)
     if isinstance(op, TruncatedRV):
         # parameters as laid out by _dist_params: the base distribution's, then the bounds
         *base_params, lower, upper = flat_params
