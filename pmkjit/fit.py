@@ -13,6 +13,7 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import xarray as xr
+from scipy.linalg import solve_triangular
 from pymc.model.transform.optimization import freeze_dims_and_data
 from pymc.backends.arviz import coords_and_dims_for_inferencedata, find_constants, find_observations
 
@@ -20,6 +21,7 @@ from pmkjit import __version__  # defined before pmkjit imports this module
 from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine
+from pmkjit.ep.conditional import conditional_draws
 from pmkjit.ep.methods import FactorOracle, KJITMethod, quadrature_possible
 from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.engine import EPInfo
@@ -28,7 +30,7 @@ from pmkjit.errors import UnsupportedModelError
 from pmkjit.families import Gaussian, family_by_name
 from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
-from pmkjit.graph.centre import centre_non_centred
+from pmkjit.graph.centre import HIDDEN_PREFIX, centre_non_centred
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
 from pmkjit.graph.observed import default_initial_values, observed_as_data
 
@@ -123,11 +125,18 @@ def fit(
 
     Notes
     -----
-    A named non-centred group effect read by several observations per element,
-    ``a = pm.Deterministic("a", mu + tau * z)`` with ``a[group]``, is fitted in its centred
-    form ``a ~ Normal(mu, tau)`` (the same model; EP's factorised messages are accurate on
-    it and not on the non-centred one); ``z`` is then computed from the draws and
-    ``ep.attrs["centred"]`` names it. See :func:`pmkjit.graph.centre.centre_non_centred`.
+    A non-centred group effect read by several observations per element,
+    ``a = pm.Deterministic("a", mu + tau * z)`` with ``a[group]``, or written inline,
+    ``mu + tau * z[group]``, is fitted in its centred form ``a ~ Normal(mu, tau)`` (the
+    same model; EP's factorised messages are accurate on it and not on the non-centred
+    one); ``z`` is then computed from the draws and ``ep.attrs["centred"]`` names it. See
+    :func:`pmkjit.graph.centre.centre_non_centred`.
+
+    The posterior draws of the real-valued latents are made given each draw of the
+    scales they are Normal under (``tau`` above, a Normal likelihood's ``sigma``), with
+    those scales importance-reweighted from EP's marginals to the marginals this implies
+    (``ep.attrs["scale_pareto_k"]``, their Pareto k); so the draws keep the funnel of a
+    hierarchy and ``z`` has its posterior spread. See :mod:`pmkjit.ep.conditional`.
 
     Raises
     ------
@@ -278,13 +287,16 @@ def fit(
 
         t0 = time.perf_counter()
         with default_initial_values(original):
-            idata = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
+            idata, pareto_k = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
         timings["draws"] = time.perf_counter() - t0
         # the centring and observed_as_data rewrites rebuild the model, whose free variables
         # come out in another order (x's parent after the regression coefficients)
         idata = _as_original(idata, original)
         ep = _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
         ep.attrs["centred"] = ", ".join(centred)
+        if pareto_k is not None:
+            # how far EP's scale marginals are from those of the exact Gaussian conditional
+            ep.attrs["scale_pareto_k"] = pareto_k
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "ep" is not one of ArviZ's schema groups
             idata.add_groups({"ep": ep})
@@ -312,7 +324,8 @@ def _as_original(idata: az.InferenceData, original: pm.Model) -> az.InferenceDat
     """The posterior of a rewritten model with the original model's variables in its order."""
     post = idata.posterior
     order = [n for n in _sample_order(original) if n in post]
-    idata.posterior = post[order + [v for v in post.data_vars if v not in order]]
+    # (the centred latent of an effect the user did not name is not one of the model's)
+    idata.posterior = post[order + [v for v in post.data_vars if v not in order and not v.startswith(HIDDEN_PREFIX)]]
     return idata
 
 
@@ -517,13 +530,20 @@ class _progress:
         return False
 
 
-def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.InferenceData:
+def _inference_data(model, graph, state, draws, chains, rng,
+                    with_loglik) -> tuple[az.InferenceData, float | None]:
     posterior = {}
     n = draws * chains
-    if graph.n_theta:
-        z = rng.standard_normal((n, graph.n_theta))
-        from scipy.linalg import solve_triangular
-
+    z = rng.standard_normal((n, graph.n_theta)) if graph.n_theta else None
+    elements = {v.name: v.family.from_natural(state.element_natural[v.name]).sample(rng, n).reshape(n, v.size)
+                for v in graph.variables.values() if not v.in_gaussian_block}
+    # the real latents given each draw of the scales they are Normal under (the funnel of
+    # a hierarchy), else EP's joint Gaussian (pmkjit.ep.conditional)
+    given = conditional_draws(graph, state, elements, n, rng)
+    if given is not None:
+        theta = given.theta
+        elements.update(given.scales)
+    elif graph.n_theta:
         theta = state.mu + solve_triangular(state.chol, z.T, lower=True, trans="T").T
     for v in graph.variables.values():
         if v.in_gaussian_block:
@@ -532,8 +552,7 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
                 x = x.reshape((n,) + v.shape)
                 x = x - x.mean(axis=-1, keepdims=True)
         else:
-            q = v.family.from_natural(state.element_natural[v.name])
-            x = q.sample(rng, n)
+            x = elements[v.name]
         posterior[v.name] = x.reshape((chains, draws) + v.shape)
     coords, dims = coords_and_dims_for_inferencedata(model)
     with warnings.catch_warnings():
@@ -559,7 +578,7 @@ def _inference_data(model, graph, state, draws, chains, rng, with_loglik) -> az.
         idata.posterior = det
         if with_loglik and model.observed_RVs:
             pm.compute_log_likelihood(idata, model=model, progressbar=False)
-    return idata
+    return idata, (None if given is None else given.pareto_k)
 
 
 def _predictive_draws(posterior: xr.Dataset | None, model: pm.Model, names: list[str],

@@ -46,33 +46,70 @@ def _users(fg, var) -> list:
     return [c for c, _ in fg.clients[var] if not isinstance(c.op, Output)]
 
 
+def _repeated_index(node) -> bool:
+    """Whether an indexing node reads its first input by constant indices that repeat (``a[group]``)."""
+    if not isinstance(node.op, (AdvancedSubtensor, AdvancedSubtensor1)):
+        return False
+    for idx in node.inputs[1:]:
+        if isinstance(idx, SharedVariable):
+            values = np.asarray(idx.get_value())
+        elif isinstance(idx, pt.TensorConstant):
+            values = np.asarray(idx.data)
+        else:
+            continue
+        distinct = np.unique(values).size
+        if values.dtype.kind in "iu" and distinct > 1 and values.size >= 2 * distinct:
+            return True
+    return False
+
+
 def _read_repeatedly(fg, effect) -> bool:
     """Whether ``effect`` is indexed by constant indices that repeat its elements (``a[group]``).
 
     Only then does the non-centred form go wrong in EP: with one observation per element
-    (the non-centred eight schools) it is fitted well as written, and rewriting it would
-    leave ``z`` a ratio of independent EP marginals, wider than its posterior.
+    (the non-centred eight schools) it is fitted well as written.
     """
-    for user in _users(fg, effect):
-        if not isinstance(user.op, (AdvancedSubtensor, AdvancedSubtensor1)) or user.inputs[0] is not effect:
-            continue
-        for idx in user.inputs[1:]:
-            if isinstance(idx, SharedVariable):
-                values = np.asarray(idx.get_value())
-            elif isinstance(idx, pt.TensorConstant):
-                values = np.asarray(idx.data)
-            else:
-                continue
-            distinct = np.unique(values).size
-            if values.dtype.kind in "iu" and distinct > 1 and values.size >= 2 * distinct:
-                return True
-    return False
+    return any(user.inputs[0] is effect and _repeated_index(user) for user in _users(fg, effect))
 
 
 def _is_elemwise(node, scalar_op) -> bool:
     """Whether ``node`` is a binary elementwise ``scalar_op`` (``Mul``, ``Add``)."""
     return node is not None and isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, scalar_op) \
         and len(node.inputs) == 2
+
+
+HIDDEN_PREFIX = "__pmkjit_centred_"  # the centred latent of an effect the user did not name
+
+
+def _scale_and_effect(fg, zv, x, model_outputs, scalar: bool):
+    """``(scale, loc, effect)`` for ``effect = loc + scale * x`` (``loc`` optional), else ``None``.
+
+    ``x`` is ``z`` or ``z[index]``; ``scale`` must depend on positive (log-transformed)
+    latents and not on ``z``, ``loc`` not on ``z``; with ``scalar`` both must be scalars
+    (the same for every element of ``x``).
+    """
+    users = _users(fg, x)
+    if len(users) != 1 or not _is_elemwise(users[0], Mul):
+        return None
+    mul = users[0]
+    scale = mul.inputs[1] if mul.inputs[0] is x else mul.inputs[0]
+    scale_rvs = _free_rvs(scale, model_outputs)
+    if not scale_rvs or zv in scale_rvs or any(
+            not isinstance(v.owner.op.transform, pm.distributions.transforms.LogTransform) for v in scale_rvs):
+        return None
+    if scalar and not all(scale.type.broadcastable):
+        return None
+    effect, loc = mul.outputs[0], None
+    add_users = _users(fg, effect)
+    if len(add_users) == 1 and _is_elemwise(add_users[0], Add):
+        add = add_users[0]
+        loc = add.inputs[1] if add.inputs[0] is effect else add.inputs[0]
+        if zv in _free_rvs(loc, model_outputs | {zv}) or (scalar and not all(loc.type.broadcastable)):
+            return None
+        effect = add.outputs[0]
+    if effect.type.broadcastable != x.type.broadcastable:
+        return None  # loc or scale would make the effect larger than x
+    return scale, loc, effect
 
 
 def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
@@ -87,22 +124,28 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
     model : pymc.Model
         ``model`` itself when nothing was rewritten, else a new model in which each
         rewritten ``z`` is a ``pm.Deterministic`` (same name and dims) of a Normal latent
-        named after the ``pm.Deterministic`` that held ``loc + scale * z``.
+        named after the ``pm.Deterministic`` that held ``loc + scale * z``, or, for an effect
+        without a name, ``HIDDEN_PREFIX + z`` (``pmkjit.fit`` leaves it out of the posterior).
     rewritten : list of str
         Names of the rewritten ``z``.
 
     Notes
     -----
     Rewritten only where it is safe: ``z`` has a Normal prior with constant parameters
-    and no transform, its only use is ``scale * z`` (optionally ``+ loc``) of its own shape,
-    ``scale`` depends on latents with a log transform (positive) and not on ``z``, ``loc``
-    does not depend on ``z``, the effect is a ``pm.Deterministic`` and it is indexed by
-    constant or ``pm.Data`` indices that repeat its elements.
+    and no transform, ``scale`` depends on latents with a log transform (positive) and not
+    on ``z``, ``loc`` does not depend on ``z``, and the effect is read repeatedly by
+    constant or ``pm.Data`` indices. Two forms:
+
+    * ``loc + scale * z`` of ``z``'s shape, at most one ``pm.Deterministic`` of it, indexed
+      as ``effect[group]`` (``z``'s only use is the product);
+    * ``loc + scale * z[group]`` with scalar ``loc`` and ``scale`` (``z``'s only use is the
+      indexing), which is ``a[group]`` for ``a ~ Normal(loc + scale * m0, scale * s0)``.
     """
     if not any(isinstance(rv.owner.op, NormalRV) for rv in model.free_RVs):
         return model, []
     fg, _ = fgraph_from_model(model)
     model_outputs = {o for o in fg.outputs if o.owner is not None and isinstance(o.owner.op, ModelFreeRV)}
+    names = {o.name for o in fg.outputs}
     rewritten: list[str] = []
     for node in list(fg.toposort()):
         if node not in fg.apply_nodes or not isinstance(node.op, ModelFreeRV) or node.op.transform is not None:
@@ -115,36 +158,29 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         if _free_rvs(m0, model_outputs) or _free_rvs(s0, model_outputs):
             continue
         users = _users(fg, zv)
-        if len(users) != 1 or not _is_elemwise(users[0], Mul):
+        if len(users) != 1:
             continue
-        mul = users[0]
-        scale = mul.inputs[1] if mul.inputs[0] is zv else mul.inputs[0]
-        scale_rvs = _free_rvs(scale, model_outputs)
-        if not scale_rvs or zv in scale_rvs or any(
-                not isinstance(v.owner.op.transform, pm.distributions.transforms.LogTransform) for v in scale_rvs):
-            continue
-        effect, loc = mul.outputs[0], None
-        add_users = _users(fg, effect)
-        if len(add_users) == 1 and _is_elemwise(add_users[0], Add):
-            add = add_users[0]
-            loc = add.inputs[1] if add.inputs[0] is effect else add.inputs[0]
-            if zv in _free_rvs(loc, model_outputs | {zv}):
+        index = users[0] if users[0].inputs[0] is zv and _repeated_index(users[0]) else None
+        if index is not None:  # loc + scale * z[group]
+            found = _scale_and_effect(fg, zv, index.outputs[0], model_outputs, scalar=True)
+            if found is None:
                 continue
-            effect = add.outputs[0]
-        if effect.type.broadcastable != zv.type.broadcastable:
-            continue  # loc or scale would make the effect larger than z
-        if not _read_repeatedly(fg, effect):
+            scale, loc, effect = found
+            name, dims, det = HIDDEN_PREFIX + zv.name, z_dims, None
+        else:  # (loc + scale * z)[group]
+            found = _scale_and_effect(fg, zv, zv, model_outputs, scalar=False)
+            if found is None:
+                continue
+            scale, loc, effect = found
+            if not _read_repeatedly(fg, effect):
+                continue
+            dets = [c for c in _users(fg, effect) if isinstance(c.op, ModelDeterministic)]
+            if len(dets) > 1:
+                continue
+            det = dets[0] if dets else None
+            name, dims = (det.outputs[0].name, det.inputs[1:]) if det else (HIDDEN_PREFIX + zv.name, z_dims)
+        if name in names and det is None:
             continue
-        dets = [c for c in _users(fg, effect) if isinstance(c.op, ModelDeterministic)]
-        if len(dets) != 1:
-            # Only a named effect is rewritten: its posterior is then the accurate one the
-            # user reads. The draws of z are ratios of independent EP marginals of a - loc
-            # and scale, wider than z's posterior (sd ratios 1.25-3.3 against NUTS, and
-            # 15-20 where the scale's posterior reaches near 0): where z and the scales
-            # are all the user has, the model is fitted as written (and fit warns).
-            continue
-        det = dets[0]
-        name, dims = det.outputs[0].name, det.inputs[1:]
         # the usual z ~ Normal(0, 1) gives Normal(loc, scale), whose scale is the latent
         # itself: the semi-analytic Normal-with-a-latent-scale form, not a black box
         m0_v, s0_v = np.asarray(m0.eval()), np.asarray(s0.eval())
@@ -161,14 +197,17 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         a_free.name = name
         z_det = model_deterministic((a_free - (0.0 if loc is None else loc)) / scale, *z_dims)  # = z
         z_det.name = zv.name
-        fg.replace_all([(effect, a_free)], import_missing=True)
-        drop = {zv, det.outputs[0]}
+        # the effect becomes the centred latent (indexed like z was, in the second form)
+        replacement = a_free if index is None else index.op(a_free, *index.inputs[1:])
+        fg.replace_all([(effect, replacement)], import_missing=True)
+        drop = {zv} | ({det.outputs[0]} if det is not None else set())
         for i in reversed(range(len(fg.outputs))):
             if fg.outputs[i] in drop:
                 fg.remove_output(i)
         fg.add_output(a_free, import_missing=True)
         fg.add_output(z_det, import_missing=True)
         model_outputs = (model_outputs - {zv}) | {a_free}
+        names.add(name)
         rewritten.append(zv.name)
     if not rewritten:
         return model, []
