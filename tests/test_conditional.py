@@ -107,3 +107,67 @@ def test_model_without_latent_scales_draws_from_eps_joint_gaussian():
         pm.Normal("y", w[0] + w[1] * x, 0.5, observed=1.0 + 2.0 * x + rng.normal(0, 0.5, 30))
     idata = pmkjit.fit(model=model, random_seed=0, progressbar=False)
     assert "scale_pareto_k" not in idata.ep.attrs
+
+
+def _fitted_graph_and_state(model):
+    """The factor graph and EP state pmkjit.fit ends with (captured at the draws)."""
+    import importlib
+
+    fit_module = importlib.import_module("pmkjit.fit")
+    seen = {}
+    original = fit_module.conditional_draws
+
+    def spy(graph, state, scales, n, rng):
+        seen.update(graph=graph, state=state)
+        return original(graph, state, scales, n, rng)
+
+    fit_module.conditional_draws = spy
+    try:
+        pmkjit.fit(model=model, random_seed=1, draws=20, progressbar=False)
+    finally:
+        fit_module.conditional_draws = original
+    return seen["graph"], seen["state"]
+
+
+def test_one_scale_eigendecomposition_equals_a_cholesky_per_draw():
+    # one scale element: P_j = P_ref + (w_j - w_ref) G in one eigenbasis, O(D^2) per draw;
+    # the general path (a Cholesky per draw) must give the same log Z and the same law
+    graph, state = _fitted_graph_and_state(_hierarchy(non_centred=False)[0])
+    factors = [(fi, f) for fi, f in enumerate(graph.factors) if f.analytic in conditional._SEMI_ANALYTIC]
+    columns = conditional._columns(factors)
+    assert len(columns) == 1
+    one = conditional._Conditional(graph, state, factors, columns)
+    two = conditional._Conditional(graph, state, factors, columns)
+    # the same blocks plus a column with nothing in it: the Cholesky path
+    two.G, two.g = np.concatenate([two.G, 0 * two.G]), np.concatenate([two.g, 0 * two.g])
+    two.counts, two.squares = np.r_[two.counts, 0.0], np.r_[two.squares, 0.0]
+    rng = np.random.default_rng(0)
+    W = rng.gamma(3.0, 1.0, (6, 1))
+    log_z1, _ = one.evidence(W)
+    log_z2, v = two.evidence(np.c_[W, np.ones(6)])
+    np.testing.assert_allclose(log_z1, log_z2, rtol=0, atol=1e-10)
+    Wb = np.repeat(W[:1], 20000, axis=0)
+    z = rng.standard_normal((20000, graph.n_theta))
+    a = one.sample(Wb, None, z)
+    b = two.sample(np.c_[Wb, np.ones(20000)], np.repeat(v[:1], 20000, axis=0), z)
+    np.testing.assert_allclose(a.mean(0), b.mean(0), atol=1e-10)
+    np.testing.assert_allclose(np.cov(a.T), np.cov(b.T), atol=1e-10)
+
+
+def test_many_groups_with_one_scale_are_drawn_given_the_scale():
+    # D = 151 real latents: beyond a Cholesky per draw (4 n D^3 > 1e10), within the
+    # one-scale eigendecomposition; the funnel is kept
+    rng = np.random.default_rng(3)
+    G, N = 150, 600
+    g = rng.integers(0, G, N)
+    y = rng.normal(rng.normal(0.0, 0.3, G)[g], 1.0)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 2.0)
+        tau = pm.HalfNormal("tau", 1.0)
+        a = pm.Normal("a", mu, tau, shape=G)
+        pm.Normal("y", a[g], 1.0, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=0, draws=1000, chains=2, progressbar=False)
+    assert idata.ep.attrs["scale_pareto_k"] <= 0.7
+    tau = idata.posterior["tau"].values.ravel()
+    spread = np.abs(idata.posterior["a"] - idata.posterior["mu"]).values.mean(-1).ravel()
+    assert stats.spearmanr(tau, spread)[0] > 0.5

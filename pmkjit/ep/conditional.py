@@ -16,10 +16,11 @@ The draws are therefore made from
 EP's posterior with those factors' sites (on ``theta`` and on ``tau``) replaced by the
 factors themselves; every other factor keeps its site. Given ``tau`` it is Gaussian
 (``theta`` is drawn from it exactly), and ``tau``'s marginal is ``q_cav(tau)`` times the
-Gaussian integral ``Z(tau)``, which importance weights ``Z(tau) / site(tau)`` on draws from
-EP's ``q(tau)`` reach (Pareto-smoothed, then resampled; their Pareto k says how far EP's
-scale marginal is from this one). This is the structure of ``p(theta, tau | y) =
-p(tau | y) p(theta | tau, y)``, exact for a Normal hierarchy with Gaussian observations.
+Gaussian integral ``Z(tau)`` (with ``tau``'s own prior density in place of its site where
+the prior has constant parameters), which importance weights on draws from a widened EP
+marginal reach (Pareto-smoothed, then resampled; their Pareto k says whether the proposal
+covered the target). This is the structure of ``p(theta, tau | y) = p(tau | y)
+p(theta | tau, y)``, exact for a Normal hierarchy with Gaussian observations.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 import arviz as az
 import numpy as np
-from scipy.linalg import solve_triangular  # batched since SciPy 1.15
+from scipy.linalg import eigh, solve_triangular  # batched since SciPy 1.15
 
 from pmkjit.graph.factor_graph import FactorGraph
 
@@ -36,7 +37,8 @@ __all__ = ["ConditionalDraws", "conditional_draws"]
 
 _OVERSAMPLE = 4  # proposals per kept draw: resampling n of 4n weighted draws repeats few of them
 _TEMPER = 0.5  # proposals of the scales from about q ** 0.5: twice the variance (see _proposal)
-_MAX_WORK = 1e10  # proposals x D^3 (a Cholesky each): about 2 s on one core
+_NEAR_ZERO = 0.2  # share of the proposals from the component that is heavy near 0 (see _proposal)
+_MAX_WORK = 1e10  # flops of the draws' linear algebra: about 2 s on one core
 _MAX_FLOATS = 2**25  # memory for the per-element (D, D) blocks
 _CHUNK_FLOATS = 2**20  # one chunk of proposals' (D, D) precisions: 8 MB, so it stays in cache
 _MAX_PARETO_K = 0.7  # beyond this the importance weights are unreliable (Vehtari et al. 2024)
@@ -63,14 +65,31 @@ class ConditionalDraws:
     pareto_k: float
 
 
-class _Conditional:
-    """``q_rest(theta)`` and the Normal factors given their scales, as Gaussian blocks per scale element."""
+def _columns(factors: list) -> dict:
+    """Column per distinct (scale variable, element, link) read by the Normal factors."""
+    keys: dict = {}
+    for _, f in factors:
+        scale = f.inputs[1]
+        for e in np.unique(scale.index):
+            keys.setdefault((scale.variable, int(e), f.analytic == "normal-scale"), len(keys))
+    return keys
 
-    def __init__(self, graph: FactorGraph, state, factors: list):
-        D = graph.n_theta
+
+class _Conditional:
+    """``q_rest(theta)`` and the Normal factors given their scales, as Gaussian blocks per scale element.
+
+    With one scale element (one column) ``P_j = P_ref + (w_j - w_ref) G`` is diagonal in one
+    basis, so each draw costs ``O(D^2)`` after one eigendecomposition; with several, each
+    draw has its own Cholesky.
+    """
+
+    def __init__(self, graph: FactorGraph, state, factors: list, columns: dict):
+        D, E = graph.n_theta, len(columns)
         L = state.chol
         self.P, self.h = L @ L.T, L @ (L.T @ state.mu)
-        blocks, targets, counts, squares, self.columns = [], [], [], [], []
+        self.G, self.g = np.zeros((E, D, D)), np.zeros((E, D))
+        self.counts, self.squares = np.zeros(E), np.zeros(E)
+        self.columns = list(columns)
         self.site = {}  # per scale variable: the removed factors' sites on it, (size, 2)
         self.reads = {}  # per scale variable: which elements likelihoods / priors read, (size, 2)
         for fi, f in factors:
@@ -82,20 +101,16 @@ class _Conditional:
             np.add.at(site, scale.index, state.sites[fi][1])
             reads = self.reads.setdefault(scale.variable, np.zeros((site.shape[0], 2), bool))
             reads[scale.index, int(f.from_prior)] = True
-            elements, rows = np.unique(scale.index, return_inverse=True)
-            if (len(blocks) + elements.size) * D * D > _MAX_FLOATS:
-                raise MemoryError
-            # the factor given its scale: prod_b N(y_b; A_b theta + c_b, 1 / w_e) per element e
+            # the factor given its scale: prod_b N(y_b; A_b theta + c_b, 1 / w_e) per column e
             residual = np.asarray(f.observed, float) - slot.c
-            for e in range(elements.size):  # the scale's distinct elements (groups), not data points
-                A, r = slot.A[rows == e], residual[rows == e]
-                blocks.append(A.T @ A)
-                targets.append(A.T @ r)
-                counts.append(r.size)
-                squares.append(r @ r)
-            self.columns.append((scale.variable, elements, f.analytic == "normal-scale"))
-        self.G, self.g = np.stack(blocks), np.stack(targets)
-        self.counts, self.squares = np.asarray(counts, float), np.asarray(squares)
+            elements, rows = np.unique(scale.index, return_inverse=True)
+            for i, element in enumerate(elements):  # the scale's distinct elements (groups), not data points
+                col = columns[(scale.variable, int(element), f.analytic == "normal-scale")]
+                A, r = slot.A[rows == i], residual[rows == i]
+                self.G[col] += A.T @ A
+                self.g[col] += A.T @ r
+                self.counts[col] += r.size
+                self.squares[col] += r @ r
         # a scale's own prior with constant parameters (HalfNormal(2)) enters with its
         # density, not with the Gamma site EP gave it
         self.priors = []
@@ -103,6 +118,7 @@ class _Conditional:
             if f.kind == "prior" and f.logp is not None and not f.latent_inputs and f.output.variable in self.site:
                 np.add.at(self.site[f.output.variable], f.output.index, state.sites[fi][-1])
                 self.priors.append(f)
+        self._eig = None
 
     def log_prior(self, scales: dict[str, np.ndarray]) -> np.ndarray:
         """``(M,)``: the log density of the scales' priors that replace their sites."""
@@ -115,26 +131,53 @@ class _Conditional:
         return out
 
     def precisions(self, scales: dict[str, np.ndarray]) -> np.ndarray:
-        """``(M, E)``: the precision ``w_e`` of each block at each draw of the scales."""
-        cols = []
-        for name, elements, is_scale in self.columns:
-            s = scales[name][:, elements]
-            cols.append(1.0 / s**2 if is_scale else s)
-        return np.concatenate(cols, axis=1)
+        """``(M, E)``: the precision ``w_e`` of each column at each draw of the scales."""
+        cols = [scales[name][:, element] for name, element, _ in self.columns]
+        s = np.stack(cols, axis=1)
+        is_scale = np.array([scale for _, _, scale in self.columns])
+        return np.where(is_scale, 1.0 / s**2, s)
 
+    # ---------------------------------------------------------------- one column
+    def _eigen(self, W: np.ndarray):
+        """``P_ref = L L^T`` at the median precision, and ``L^-1 G L^-T = U diag(lam) U^T``."""
+        if self._eig is None:
+            w_ref = float(np.median(W[:, 0]))
+            L = np.linalg.cholesky(self.P + w_ref * self.G[0])
+            X = solve_triangular(L, self.G[0], lower=True, check_finite=False)
+            S = solve_triangular(L, X.T, lower=True, check_finite=False)
+            lam, U = eigh(0.5 * (S + S.T))
+            lam = np.maximum(lam, 0.0)  # G is positive semi-definite: negative values are round-off
+            a = U.T @ solve_triangular(L, self.h, lower=True, check_finite=False)
+            b = U.T @ solve_triangular(L, self.g[0], lower=True, check_finite=False)
+            self._eig = (L, w_ref, lam, U, a, b, 2.0 * np.sum(np.log(np.diag(L))))
+        return self._eig
+
+    def _diagonal(self, W: np.ndarray) -> tuple:
+        L, w_ref, lam, U, a, b, log_det = self._eigen(W)
+        w = W[:, :1]
+        d = 1.0 + (w - w_ref) * lam
+        if not np.all(d > 0.0):
+            raise np.linalg.LinAlgError("a conditional precision is not positive definite")
+        return L, U, w, d, a + w * b, log_det
+
+    # ---------------------------------------------------------------- any number of columns
     def _cholesky(self, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Cholesky factors of ``P_j`` and ``h_j`` for rows of precisions ``W``."""
         E, D = self.G.shape[0], self.P.shape[0]
         Pj = self.P + (W @ self.G.reshape(E, D * D)).reshape(-1, D, D)
         return np.linalg.cholesky(Pj), self.h + W @ self.g
 
-    def evidence(self, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``log Z`` (up to a constant) at each row of ``W``, and ``v = L_j^-1 h_j``.
+    def evidence(self, W: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``log Z`` (up to a constant) at each row of ``W``, and what :meth:`sample` reuses.
 
         ``Z`` is the integral over ``theta`` of ``q_rest`` times the factors given the
         scales. Raises ``numpy.linalg.LinAlgError`` when a ``P_j`` is not positive definite.
         """
         M, D = W.shape[0], self.P.shape[0]
+        norm = 0.5 * np.log(W) @ self.counts - 0.5 * W @ self.squares
+        if self.G.shape[0] == 1:
+            _, _, _, d, t, log_det = self._diagonal(W)
+            return 0.5 * np.sum(t**2 / d, axis=1) - 0.5 * (log_det + np.sum(np.log(d), axis=1)) + norm, None
         log_z, v = np.empty(M), np.empty((M, D))
         chunk = max(1, _CHUNK_FLOATS // (D * D))
         for start in range(0, M, chunk):
@@ -142,39 +185,66 @@ class _Conditional:
             Lj, hj = self._cholesky(W[sl])
             v[sl] = solve_triangular(Lj, hj[..., None], lower=True, check_finite=False)[..., 0]
             log_det = 2.0 * np.sum(np.log(np.diagonal(Lj, axis1=-2, axis2=-1)), axis=-1)
-            log_z[sl] = 0.5 * np.einsum("mi,mi->m", v[sl], v[sl]) - 0.5 * log_det \
-                + 0.5 * np.log(W[sl]) @ self.counts - 0.5 * W[sl] @ self.squares
+            log_z[sl] = 0.5 * np.einsum("mi,mi->m", v[sl], v[sl]) - 0.5 * log_det + norm[sl]
         return log_z, v
 
-    def sample(self, W: np.ndarray, v: np.ndarray, z: np.ndarray) -> np.ndarray:
-        """``theta = L_j^-T (v_j + z_j) ~ N(P_j^-1 h_j, P_j^-1)`` for each row."""
+    def sample(self, W: np.ndarray, v: np.ndarray | None, z: np.ndarray) -> np.ndarray:
+        """``theta ~ N(P_j^-1 h_j, P_j^-1)`` for each row (``v`` from :meth:`evidence` for the same rows)."""
+        if self.G.shape[0] == 1:
+            # theta = L^-T U (t / d + z / sqrt(d)): covariance (L U diag(d) U^T L^T)^-1 = P_j^-1
+            L, U, _, d, t, _ = self._diagonal(W)
+            y = t / d + z / np.sqrt(d)
+            return solve_triangular(L, U @ y.T, lower=True, trans="T", check_finite=False).T
         D = self.P.shape[0]
         theta = np.empty_like(z)
         chunk = max(1, _CHUNK_FLOATS // (D * D))
         for start in range(0, W.shape[0], chunk):
             sl = slice(start, start + chunk)
             Lj, _ = self._cholesky(W[sl])
+            # L_j^-T (v_j + z_j): mean L_j^-T L_j^-1 h_j = P_j^-1 h_j, covariance P_j^-1
             theta[sl] = solve_triangular(Lj, (v[sl] + z[sl])[..., None], lower=True, trans="T",
                                          check_finite=False)[..., 0]
         return theta
 
 
-def _proposal(q: np.ndarray, site: np.ndarray, reads: np.ndarray) -> np.ndarray:
-    """Natural parameters ``(k - 1, -r)`` of the Gamma proposals for scales with EP marginal ``q``.
+def _proposal(q: np.ndarray, site: np.ndarray, reads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gamma proposals for scales with EP marginal ``q``: a body and, near 0, a heavier part.
 
-    ``q ** _TEMPER``: about twice the variance, heavier than the target far out, where ``Z``
-    decays polynomially and the cavity ``q / site`` exponentially. Near 0 the target of a
-    prior's scale (and of no likelihood's) is the cavity times ``Z``, which tends to a
-    constant there (the effects collapse onto their location), so the proposal is made at
-    least as heavy as the cavity there: lighter, it gave weights without a bound (``s **
-    -0.06`` for the scale of a logistic model's group effects: Pareto k 2.6 at a relative
-    ESS of 0.8). A likelihood's ``Z`` vanishes fast as its scale goes to 0 and needs none.
+    The body is ``q ** _TEMPER``: about twice the variance, heavier than the target far out,
+    where ``Z`` decays polynomially and the cavity ``q / site`` exponentially. Near 0 the
+    target of a prior's scale (and of no likelihood's) is the cavity times ``Z``, which tends
+    to a constant there (the effects collapse onto their location); a proposal lighter than
+    the cavity there gave weights without a bound (``s ** -0.06`` for the scale of a
+    logistic model's group effects: Pareto k 2.6 at a relative ESS of 0.8). Such elements
+    get a second component, the body with the cavity's power of ``s``, drawn with
+    probability ``_NEAR_ZERO``: as the only proposal it wasted most draws where the target
+    is sharp (150 groups: Pareto k 1.3). A likelihood's ``Z`` vanishes fast as its scale
+    goes to 0 and needs none.
+
+    Returns
+    -------
+    body, near_zero : ndarray (size, 2)
+        Natural parameters of the two components (``near_zero`` equals ``body`` where there
+        is no second component).
     """
     cavity = q - site
-    out = _TEMPER * q  # Gamma(b (k - 1) + 1, b r): proper for every proper q
+    body = _TEMPER * q  # Gamma(b (k - 1) + 1, b r): proper for every proper q
+    near_zero = body.copy()
     collapsible = reads[:, 1] & ~reads[:, 0] & (cavity[:, 0] > -1.0)
-    out[collapsible, 0] = np.minimum(out[collapsible, 0], cavity[collapsible, 0])
-    return out
+    near_zero[collapsible, 0] = np.minimum(body[collapsible, 0], cavity[collapsible, 0])
+    return body, near_zero
+
+
+def _draw_proposal(fam, body: np.ndarray, near_zero: np.ndarray, M: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``M`` draws of every element from its two-component proposal, and their log densities."""
+    first, second = fam.from_natural(body), fam.from_natural(near_zero)
+    x = first.sample(rng, M).reshape(M, -1)
+    mixed = np.any(near_zero != body, axis=1)
+    swap = (rng.random(x.shape) < _NEAR_ZERO) & mixed
+    x = np.where(swap, second.sample(rng, M).reshape(M, -1), x)
+    log_q = np.logaddexp(np.log1p(-_NEAR_ZERO) + first.logpdf(x), np.log(_NEAR_ZERO) + second.logpdf(x))
+    return x, np.where(mixed, log_q, first.logpdf(x))
 
 
 def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], n: int,
@@ -196,37 +266,43 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
     -------
     ConditionalDraws or None
         ``None`` (draw from EP's joint Gaussian) when no semi-analytic Normal factor has a
-        latent scale, when a Cholesky per proposal would take more than a few seconds
-        (``4 n D^3 > 1e10``: ``D > 107`` for 2 x 1,000 draws) or the per-element blocks
-        would not fit in memory, or when a conditional precision is not
-        positive definite (a site of another factor with negative precision can leave one
-        so).
+        latent scale; when the linear algebra would take more than a few seconds (with one
+        scale element, an eigendecomposition, ``10 D^3 + n D^2 > 1e10``: ``D > 1,000``;
+        with several, a Cholesky per proposal, ``4 n D^3 > 1e10``: ``D > 107`` for
+        2 x 1,000 draws) or the per-element blocks would not fit in memory; or when a
+        conditional precision is not positive definite (a site of another factor with
+        negative precision can leave one so).
     """
     factors = [(fi, f) for fi, f in enumerate(graph.factors) if f.analytic in _SEMI_ANALYTIC]
     D, M = graph.n_theta, _OVERSAMPLE * n
-    if not factors or D == 0 or M * float(D) ** 3 > _MAX_WORK:
+    if not factors or D == 0:
         return None
-    try:
-        cond = _Conditional(graph, state, factors)
-    except MemoryError:
+    columns = _columns(factors)
+    E = len(columns)
+    # one column: an eigendecomposition and O(D^2) per draw; else a Cholesky per proposal
+    work = 10.0 * D**3 + n * float(D) ** 2 if E == 1 else M * float(D) ** 3
+    work += sum(f.size for _, f in factors) * float(D) ** 2  # the blocks A^T A
+    if work > _MAX_WORK or E * float(D) ** 2 > _MAX_FLOATS:
         return None
-    # proposals: the scales from a Gamma wider than EP's marginal, theta given them
-    proposal, natural = {}, {}
+    cond = _Conditional(graph, state, factors, columns)
+    # proposals: the scales from Gammas wider than EP's marginals, theta given them
+    proposal, minus_log_proposal = {}, np.zeros(M)
     for name, site in cond.site.items():
         fam = graph.variables[name].family
-        natural[name] = _proposal(state.element_natural[name], site, cond.reads[name])
-        proposal[name] = fam.from_natural(natural[name]).sample(rng, M).reshape(M, -1)
+        body, near_zero = _proposal(state.element_natural[name], site, cond.reads[name])
+        proposal[name], lq = _draw_proposal(fam, body, near_zero, M, rng)
+        minus_log_proposal -= lq.sum(axis=1)
     W = cond.precisions(proposal)
     try:
         log_z, v = cond.evidence(W)
     except np.linalg.LinAlgError:
         return None
-    # target q_cav(scales) Z(scales) over the proposal, per element (Gamma densities are
-    # exp(natural . (log s, s)) up to constants)
-    log_w = log_z + cond.log_prior(proposal)
+    # target q_cav(scales) Z(scales) (priors with their densities) over the proposals; Gamma
+    # densities are exp(natural . (log s, s)) up to constants
+    log_w = log_z + cond.log_prior(proposal) + minus_log_proposal
     for name, site in cond.site.items():
         fam = graph.variables[name].family
-        coef = state.element_natural[name] - site - natural[name]
+        coef = state.element_natural[name] - site
         log_w = log_w + np.einsum("mek,ek->m", fam.sufficient_statistics(proposal[name]), coef)
     k = np.inf
     if np.all(np.isfinite(log_w)):
@@ -237,7 +313,7 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         cdf = np.cumsum(np.exp(smoothed - smoothed.max()))
         u = (rng.random() + np.arange(n)) / n * cdf[-1]
         index = rng.permutation(np.minimum(np.searchsorted(cdf, u), M - 1))
-        theta = cond.sample(W[index], v[index], rng.standard_normal((n, D)))
+        theta = cond.sample(W[index], None if v is None else v[index], rng.standard_normal((n, D)))
         return ConditionalDraws(theta, {k_: p[index] for k_, p in proposal.items()}, k)
     kept = {name: scales[name] for name in cond.site}
     W = cond.precisions(kept)

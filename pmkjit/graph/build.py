@@ -742,9 +742,9 @@ class _Builder:
                 f"{rv.name}: a Gaussian random walk with a latent step size ({step}); EP's sites on its {what} "
                 f"ignore their correlation, so EP's own marginal of {step} is approximate (on reviewed models 0.25 "
                 "to 1.2 posterior sds off and up to 1.6 times too wide) and EP may not converge in 50 sweeps. The "
-                f"posterior draws reweight {step} to the marginal the walk's Gaussian implies when the walk is "
-                "short enough (4 x draws x chains x (real latents)^3 <= 1e10; ep.attrs['scale_pareto_k'] is then "
-                "set), which put it within 0.1 NUTS sd on reviewed models; check longer walks against pm.sample",
+                f"posterior draws reweight {step} to the marginal the walk's Gaussian implies where the linear "
+                "algebra is cheap enough (ep.attrs['scale_pareto_k'] is then set: see docs/ep.md), which put it "
+                "within 0.1 NUTS sd on reviewed models; check the others against pm.sample",
                 UserWarning,
                 stacklevel=4,
             )
