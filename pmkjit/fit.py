@@ -21,7 +21,7 @@ from pmkjit import __version__  # defined before pmkjit imports this module
 from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine
-from pmkjit.ep.conditional import conditional_draws
+from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
 from pmkjit.ep.methods import FactorOracle, KJITMethod, quadrature_possible
 from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.engine import EPInfo
@@ -135,8 +135,9 @@ def fit(
     The posterior draws of the real-valued latents are made given each draw of the
     scales they are Normal under (``tau`` above, a Normal likelihood's ``sigma``), with
     those scales importance-reweighted from EP's marginals to the marginals this implies
-    (``ep.attrs["scale_pareto_k"]``, their Pareto k); so the draws keep the funnel of a
-    hierarchy and ``z`` has its posterior spread. See :mod:`pmkjit.ep.conditional`.
+    (``ep.attrs["draws_given_scales"]`` says whether they were, ``ep.attrs["scale_pareto_k"]``
+    is the weights' Pareto k); so the draws keep the funnel of a hierarchy and a
+    non-centred ``z ~ Normal(0, 1)`` has its posterior spread. See :mod:`pmkjit.ep.conditional`.
 
     Raises
     ------
@@ -287,16 +288,18 @@ def fit(
 
         t0 = time.perf_counter()
         with default_initial_values(original):
-            idata, pareto_k = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
+            idata, given = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
         timings["draws"] = time.perf_counter() - t0
         # the centring and observed_as_data rewrites rebuild the model, whose free variables
         # come out in another order (x's parent after the regression coefficients)
         idata = _as_original(idata, original)
         ep = _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
         ep.attrs["centred"] = ", ".join(centred)
-        if pareto_k is not None:
-            # how far EP's scale marginals are from those of the exact Gaussian conditional
-            ep.attrs["scale_pareto_k"] = pareto_k
+        # how the draws of the real latents were made (pmkjit.ep.conditional)
+        ep.attrs["draws_given_scales"] = "no" if given is None else (
+            "reweighted" if given.reweighted else "given EP's scale marginals")
+        if given is not None:
+            ep.attrs["scale_pareto_k"] = given.pareto_k
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "ep" is not one of ArviZ's schema groups
             idata.add_groups({"ep": ep})
@@ -531,7 +534,7 @@ class _progress:
 
 
 def _inference_data(model, graph, state, draws, chains, rng,
-                    with_loglik) -> tuple[az.InferenceData, float | None]:
+                    with_loglik) -> tuple[az.InferenceData, ConditionalDraws | None]:
     posterior = {}
     n = draws * chains
     z = rng.standard_normal((n, graph.n_theta)) if graph.n_theta else None
@@ -578,7 +581,7 @@ def _inference_data(model, graph, state, draws, chains, rng,
         idata.posterior = det
         if with_loglik and model.observed_RVs:
             pm.compute_log_likelihood(idata, model=model, progressbar=False)
-    return idata, (None if given is None else given.pareto_k)
+    return idata, given
 
 
 def _predictive_draws(posterior: xr.Dataset | None, model: pm.Model, names: list[str],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pymc as pm
 from scipy import integrate, stats
@@ -67,7 +69,7 @@ def test_non_centred_effect_draws_match_the_exact_posterior():
     model, y, group, K, per = _hierarchy(non_centred=True)
     idata = pmkjit.fit(model=model, random_seed=1, draws=2000, chains=2, progressbar=False)
     assert idata.ep.attrs["centred"] == "z"
-    assert idata.ep.attrs["scale_pareto_k"] <= 0.7
+    assert idata.ep.attrs["draws_given_scales"] == "reweighted" and idata.ep.attrs["scale_pareto_k"] <= 0.7
     exact = _exact(y, group, K, per)
     # (tau's marginal reaches the exact one up to the Gamma site standing in for its
     # HalfNormal prior: sd ratios 1.00-1.07 over 11 seeds, mean 1.03)
@@ -93,7 +95,7 @@ def test_draws_fall_back_to_eps_joint_gaussian_beyond_the_work_budget(monkeypatc
     model, *_ = _hierarchy(non_centred=False)
     monkeypatch.setattr(conditional, "_MAX_WORK", 1.0)
     idata = pmkjit.fit(model=model, random_seed=2, draws=500, chains=2, progressbar=False)
-    assert "scale_pareto_k" not in idata.ep.attrs
+    assert "scale_pareto_k" not in idata.ep.attrs and idata.ep.attrs["draws_given_scales"] == "no"
     tau = idata.posterior["tau"].values.ravel()
     spread = np.abs(idata.posterior["a"].values).mean(-1).ravel()
     assert abs(stats.spearmanr(tau, spread)[0]) < 0.15  # independent, as EP's q has them
@@ -171,3 +173,21 @@ def test_many_groups_with_one_scale_are_drawn_given_the_scale():
     tau = idata.posterior["tau"].values.ravel()
     spread = np.abs(idata.posterior["a"] - idata.posterior["mu"]).values.mean(-1).ravel()
     assert stats.spearmanr(tau, spread)[0] > 0.5
+
+
+def test_many_scale_elements_fall_back_to_eps_joint_gaussian_quickly():
+    # a scale per observation (a Student-t as a Normal scale mixture): importance weights
+    # over 300 dimensions degenerate (Pareto k 27 at N = 2,000), and building them cost
+    # 7.7 s and 1 GB before they were thrown away
+    rng = np.random.default_rng(1)
+    N = 300
+    X = rng.normal(size=(N, 3))
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 2.0, shape=3)
+        lam = pm.HalfNormal("lam", 1.0, shape=N)
+        pm.Normal("y", X @ w, lam, observed=X @ np.array([1.0, -1.0, 0.5]) + rng.standard_t(3, N))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3 sweeps: only the draws are under test
+        idata = pmkjit.fit(model=model, random_seed=0, draws=200, progressbar=False, max_sweeps=3)
+    assert idata.ep.attrs["draws_given_scales"] == "no"
+    assert idata.ep.attrs["seconds_draws"] < 2.0

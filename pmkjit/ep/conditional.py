@@ -42,6 +42,7 @@ _MAX_WORK = 1e10  # flops of the draws' linear algebra: about 2 s on one core
 _MAX_FLOATS = 2**25  # memory for the per-element (D, D) blocks
 _CHUNK_FLOATS = 2**20  # one chunk of proposals' (D, D) precisions: 8 MB, so it stays in cache
 _MAX_PARETO_K = 0.7  # beyond this the importance weights are unreliable (Vehtari et al. 2024)
+_MAX_COLUMNS = 16  # scale elements the weights can reweight jointly
 _SEMI_ANALYTIC = ("normal-scale", "normal-precision")
 
 
@@ -58,11 +59,17 @@ class ConditionalDraws:
     pareto_k : float
         Pareto k of the importance weights. Above 0.7 they are not used: the scales are then
         EP's marginals, and ``theta`` is drawn given them.
+    reweighted : bool
+        Whether the scales were reweighted (``pareto_k <= 0.7``).
     """
 
     theta: np.ndarray
     scales: dict[str, np.ndarray]
     pareto_k: float
+
+    @property
+    def reweighted(self) -> bool:
+        return self.pareto_k <= _MAX_PARETO_K
 
 
 def _columns(factors: list) -> dict:
@@ -266,7 +273,8 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
     -------
     ConditionalDraws or None
         ``None`` (draw from EP's joint Gaussian) when no semi-analytic Normal factor has a
-        latent scale; when the linear algebra would take more than a few seconds (with one
+        latent scale; when they read more than 16 scale elements; when the linear algebra
+        would take more than a few seconds (with one
         scale element, an eigendecomposition, ``10 D^3 + n D^2 > 1e10``: ``D > 1,000``;
         with several, a Cholesky per proposal, ``4 n D^3 > 1e10``: ``D > 107`` for
         2 x 1,000 draws) or the per-element blocks would not fit in memory; or when a
@@ -279,8 +287,13 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         return None
     columns = _columns(factors)
     E = len(columns)
+    if E > _MAX_COLUMNS:
+        # a scale per group of many, or per observation (a Student-t as a scale mixture):
+        # importance weights over that many dimensions degenerate (Pareto k 2.2 with 80
+        # group scales, 27 with one per observation), so the work would be thrown away
+        return None
     # one column: an eigendecomposition and O(D^2) per draw; else a Cholesky per proposal
-    work = 10.0 * D**3 + n * float(D) ** 2 if E == 1 else M * float(D) ** 3
+    work = 10.0 * D**3 + n * float(D) ** 2 if E == 1 else M * (float(D) ** 3 + E * float(D) ** 2)
     work += sum(f.size for _, f in factors) * float(D) ** 2  # the blocks A^T A
     if work > _MAX_WORK or E * float(D) ** 2 > _MAX_FLOATS:
         return None
@@ -305,7 +318,11 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         coef = state.element_natural[name] - site
         log_w = log_w + np.einsum("mek,ek->m", fam.sufficient_statistics(proposal[name]), coef)
     k = np.inf
-    if np.all(np.isfinite(log_w)):
+    finite = np.isfinite(log_w)
+    if finite.mean() > 0.5:
+        # a proposal where the target or the linear algebra is not finite (a scale drawn
+        # at 0) gets no weight, not the whole sample
+        log_w = np.where(finite, log_w, np.min(log_w[finite]) - 50.0)
         smoothed, k = az.psislw(log_w)
         k = float(k)
     if k <= _MAX_PARETO_K:

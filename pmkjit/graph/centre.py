@@ -27,9 +27,11 @@ from pymc.model.fgraph import (
 )
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.fg import Output
+from pytensor.tensor.type_other import NoneTypeT
 from pytensor.graph.traversal import ancestors
+import pytensor.scalar as ps
 from pytensor.scalar import Add, Mul
-from pytensor.tensor.elemwise import Elemwise
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.random.basic import NormalRV
 from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
 
@@ -94,22 +96,53 @@ def _scale_and_effect(fg, zv, x, model_outputs, scalar: bool):
     mul = users[0]
     scale = mul.inputs[1] if mul.inputs[0] is x else mul.inputs[0]
     scale_rvs = _free_rvs(scale, model_outputs)
-    if not scale_rvs or zv in scale_rvs or any(
-            not isinstance(v.owner.op.transform, pm.distributions.transforms.LogTransform) for v in scale_rvs):
+    if not scale_rvs or zv in scale_rvs or not _positive(scale, model_outputs):
         return None
     if scalar and not all(scale.type.broadcastable):
         return None
     effect, loc = mul.outputs[0], None
+    if effect.type.broadcastable != x.type.broadcastable:
+        return None  # the scale would make the effect larger than x
     add_users = _users(fg, effect)
     if len(add_users) == 1 and _is_elemwise(add_users[0], Add):
         add = add_users[0]
-        loc = add.inputs[1] if add.inputs[0] is effect else add.inputs[0]
-        if zv in _free_rvs(loc, model_outputs | {zv}) or (scalar and not all(loc.type.broadcastable)):
-            return None
-        effect = add.outputs[0]
-    if effect.type.broadcastable != x.type.broadcastable:
-        return None  # loc or scale would make the effect larger than x
+        other = add.inputs[1] if add.inputs[0] is effect else add.inputs[0]
+        # a location that varies by observation (X @ beta + tau * z[g]) or reads z is not
+        # the effect's: the effect is then the product alone
+        if zv not in _free_rvs(other, model_outputs | {zv}) and (not scalar or all(other.type.broadcastable)) \
+                and add.outputs[0].type.broadcastable == x.type.broadcastable:
+            loc, effect = other, add.outputs[0]
     return scale, loc, effect
+
+
+_POSITIVE_OPS = (ps.Mul, ps.TrueDiv, ps.Exp, ps.Sqrt, ps.Reciprocal, ps.Softplus, ps.Sigmoid, ps.Abs, ps.Identity)
+
+
+def _positive(var, model_outputs) -> bool:
+    """Whether ``var`` is positive by construction: positive latents and constants under ``*``, ``/``, ``exp``, ...
+
+    A scale only read as depending on positive latents can be negative (``-tau``,
+    ``tau - 1``, ``log(tau)``, ``tau * x`` with data of either sign), which the centred
+    form ``Normal(loc, scale)`` would refuse.
+    """
+    if var in model_outputs:
+        return isinstance(var.owner.op.transform, pm.distributions.transforms.LogTransform)
+    if isinstance(var, pt.TensorConstant):
+        return bool(np.all(np.asarray(var.data) > 0))
+    if isinstance(var, SharedVariable):
+        return False  # pm.Data can change sign with pm.set_data
+    node = var.owner
+    if node is None:
+        return False
+    if isinstance(node.op, DimShuffle):
+        return _positive(node.inputs[0], model_outputs)
+    if isinstance(node.op, Elemwise):
+        op = node.op.scalar_op
+        if isinstance(op, (ps.Add, *_POSITIVE_OPS)):
+            return all(_positive(i, model_outputs) for i in node.inputs)
+        if isinstance(op, ps.Pow):  # a positive base to any power
+            return _positive(node.inputs[0], model_outputs)
+    return False
 
 
 def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
@@ -190,6 +223,10 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
             centre = pt.constant(0.0) if loc is None else loc
         sd = scale if np.all(s0_v == 1.0) else scale * s0
         new_rng = pytensor.shared(np.random.default_rng(len(rewritten)))
+        if isinstance(size.type, NoneTypeT):
+            # z's shape came from its parameters (Normal(np.zeros(6), 1)), which the centred
+            # ones (loc, scale) no longer carry
+            size = pt.as_tensor(np.asarray(rv.shape.eval(), dtype="int64"))
         new_rv = pt.random.normal(centre, sd, size=size, rng=new_rng)
         new_rv.name = name
         value = new_rv.type(name=name)
