@@ -6,14 +6,19 @@ import warnings
 
 import numpy as np
 import pymc as pm
+import pytest
 from scipy import integrate, stats
 
 import pmkjit
 from pmkjit.ep import conditional
 
 
-def _hierarchy(non_centred: bool):
-    """Groups' means a_k ~ N(0, tau), y_ik ~ N(a_k, 1), tau ~ HalfNormal(1): exact by 1-D quadrature."""
+def _hierarchy(non_centred: bool, form: str = "standard"):
+    """Groups' means a_k ~ N(0, tau), y_ik ~ N(a_k, 1), tau ~ HalfNormal(1): exact by 1-D quadrature.
+
+    ``form``: ``"prior sd"`` writes ``a = tau * z`` with ``z ~ N(0, 2)`` and ``"scale factor"``
+    ``a = 2 * tau * z`` (both a_k ~ N(0, 2 tau)).
+    """
     rng = np.random.default_rng(4)
     K, per = 5, 8
     group = np.repeat(np.arange(K), per)
@@ -21,23 +26,27 @@ def _hierarchy(non_centred: bool):
     with pm.Model() as model:
         tau = pm.HalfNormal("tau", 1.0)
         if non_centred:
-            z = pm.Normal("z", 0.0, 1.0, shape=K)
-            a = pm.Deterministic("a", tau * z)
+            z = pm.Normal("z", 0.0, 2.0 if form == "prior sd" else 1.0, shape=K)
+            a = pm.Deterministic("a", (2.0 * tau if form == "scale factor" else tau) * z)
         else:
             a = pm.Normal("a", 0.0, tau, shape=K)
         pm.Normal("y", a[group], 1.0, observed=y)
     return model, y, group, K, per
 
 
-def _exact(y, group, K, per):
-    """Posterior moments of tau, a_k and z_k = a_k / tau by quadrature over tau."""
+def _exact(y, group, K, per, c=1.0, z_per_a=None):
+    """Posterior moments of tau, a_k and z_k = a_k / tau by quadrature over tau.
+
+    ``a_k ~ N(0, c tau)``; ``z_k = z_per_a(tau) * a_k`` (``1 / tau`` by default).
+    """
     ybar = np.array([y[group == k].mean() for k in range(K)])
+    z_per_a = z_per_a or (lambda t: 1.0 / t)
 
     def density(t):
-        return stats.halfnorm.pdf(t) * np.prod(stats.norm.pdf(ybar, 0.0, np.sqrt(t**2 + 1.0 / per)))
+        return stats.halfnorm.pdf(t) * np.prod(stats.norm.pdf(ybar, 0.0, np.sqrt((c * t) ** 2 + 1.0 / per)))
 
     def conditional(t):  # a_k | tau, y ~ N(m, v)
-        v = 1.0 / (per + 1.0 / t**2)
+        v = 1.0 / (per + 1.0 / (c * t) ** 2)
         return v * per * ybar, v
 
     norm = integrate.quad(density, 0, 20, limit=200)[0]
@@ -52,8 +61,8 @@ def _exact(y, group, K, per):
     e1 = moment(lambda t: conditional(t)[0])
     e2 = moment(lambda t: conditional(t)[1] + conditional(t)[0] ** 2)
     out["a"] = (e1, np.sqrt(e2 - e1**2))
-    e1 = moment(lambda t: conditional(t)[0] / t)
-    e2 = moment(lambda t: (conditional(t)[1] + conditional(t)[0] ** 2) / t**2)
+    e1 = moment(lambda t: conditional(t)[0] * z_per_a(t))
+    e2 = moment(lambda t: (conditional(t)[1] + conditional(t)[0] ** 2) * z_per_a(t) ** 2)
     out["z"] = (e1, np.sqrt(e2 - e1**2))
     return out
 
@@ -80,6 +89,29 @@ def test_non_centred_effect_draws_match_the_exact_posterior():
         np.testing.assert_allclose(sd / s0, 1.0, atol=0.1, err_msg=name)
     # each draw is one draw of the model: a = tau * z holds draw by draw
     np.testing.assert_allclose(idata.posterior["a"], idata.posterior["tau"] * idata.posterior["z"], atol=1e-9)
+
+
+@pytest.mark.parametrize("form", ["prior sd", "scale factor"])
+def test_a_constant_factor_in_the_non_centred_scale_keeps_the_prior_semi_analytic(form):
+    # a = tau * z with z ~ N(0, 2), or a = 2 * tau * z: centred as Normal(0, 2 * tau), a
+    # black box (importance sampling, not converged in 50 sweeps) whose z was drawn from EP's
+    # factorised q, sds 1.5-2 times NUTS's. The centred latent is now a / 2 ~ Normal(0, tau).
+    model, y, group, K, per = _hierarchy(non_centred=True, form=form)
+    idata = pmkjit.fit(model=model, random_seed=1, draws=2000, chains=2, progressbar=False)
+    attrs = idata.ep.attrs
+    assert attrs["centred"] == "z" and attrs["converged"] and attrs["scale_pareto_k"] <= 0.7
+    assert "__pmkjit_centred_z: semi-analytic" in attrs["factor_methods"]
+    assert list(idata.posterior.data_vars) == ["z", "tau", "a"]
+    exact = _exact(y, group, K, per, c=2.0, z_per_a=(lambda t: 1.0 / t) if form == "prior sd" else
+                   (lambda t: 0.5 / t))
+    for name in ("z", "a", "tau"):
+        mean, sd = _moments(idata, name)
+        m0, s0 = exact[name]
+        np.testing.assert_array_less(np.abs(mean - m0) / s0, 0.1, err_msg=name)
+        np.testing.assert_allclose(sd / s0, 1.0, atol=0.12, err_msg=name)
+    factor = 2.0 if form == "scale factor" else 1.0
+    np.testing.assert_allclose(idata.posterior["a"], factor * idata.posterior["tau"] * idata.posterior["z"],
+                               atol=1e-9)
 
 
 def test_group_effects_shrink_with_the_scale_in_each_draw():

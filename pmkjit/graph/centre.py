@@ -145,6 +145,23 @@ def _positive(var, model_outputs) -> bool:
     return False
 
 
+def _constant_factor(scale) -> float:
+    """The product of the scalar constant factors of ``scale`` (``2.0`` in ``2.0 * tau``), else 1."""
+    node = scale.owner
+    if node is not None and isinstance(node.op, DimShuffle):
+        return _constant_factor(node.inputs[0])
+    if node is not None and isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, Mul):
+        return float(np.prod([_constant_factor(v) for v in node.inputs]))
+    if all(scale.type.broadcastable) and not any(
+            v.owner is not None and isinstance(v.owner.op, ModelFreeRV) for v in ancestors([scale])):
+        try:
+            value = float(np.asarray(scale.eval()))
+        except Exception:  # noqa: BLE001  (not a constant after all: leave it in the scale)
+            return 1.0
+        return value if np.isfinite(value) and value > 0.0 else 1.0
+    return 1.0
+
+
 def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
     """The model with every ``loc + scale * z`` (``z`` a Normal latent read nowhere else) centred.
 
@@ -165,14 +182,21 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
     Notes
     -----
     Rewritten only where it is safe: ``z`` has a Normal prior with constant parameters
-    and no transform, ``scale`` depends on latents with a log transform (positive) and not
-    on ``z``, ``loc`` does not depend on ``z``, and the effect is read repeatedly by
+    and no transform, ``scale`` is positive by construction (:func:`_positive`) and does not
+    depend on ``z``, ``loc`` does not depend on ``z``, and the effect is read repeatedly by
     constant or ``pm.Data`` indices. Two forms:
 
     * ``loc + scale * z`` of ``z``'s shape, at most one ``pm.Deterministic`` of it, indexed
       as ``effect[group]`` (``z``'s only use is the product);
-    * ``loc + scale * z[group]`` with scalar ``loc`` and ``scale`` (``z``'s only use is the
-      indexing), which is ``a[group]`` for ``a ~ Normal(loc + scale * m0, scale * s0)``.
+    * ``loc + scale * z[group]`` with a scalar ``scale`` (``z``'s only use is the indexing),
+      which is ``a[group]`` for ``a ~ Normal(loc + scale * m0, scale * s0)``; ``loc`` is the
+      scalar added to the product, if any (a term varying by observation stays outside the
+      effect, which is then ``scale * z[group]``).
+
+    With ``m0 = 0`` and a constant factor ``c`` in the effect's sd (``s0``, or ``2.0`` in
+    ``2.0 * tau * z``) the centred latent is ``a / c ~ Normal(loc / c, scale * s0 / c)``, so
+    that its sd is the latent itself (semi-analytic); it is then hidden and a named effect
+    stays a ``pm.Deterministic``.
     """
     if not any(isinstance(rv.owner.op, NormalRV) for rv in model.free_RVs):
         return model, []
@@ -212,16 +236,30 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
                 continue
             det = dets[0] if dets else None
             name, dims = (det.outputs[0].name, det.inputs[1:]) if det else (HIDDEN_PREFIX + zv.name, z_dims)
-        if name in names and det is None:
-            continue
         # the usual z ~ Normal(0, 1) gives Normal(loc, scale), whose scale is the latent
         # itself: the semi-analytic Normal-with-a-latent-scale form, not a black box
         m0_v, s0_v = np.asarray(m0.eval()), np.asarray(s0.eval())
         centre = scale * m0 if loc is None else loc + scale * m0
+        sd = scale if np.all(s0_v == 1.0) else scale * s0
+        factor = 1.0  # the effect is factor * the centred latent
         if np.all(m0_v == 0.0):
             # a constant, not zeros_like(scale): that would read as a latent-dependent mean
             centre = pt.constant(0.0) if loc is None else loc
-        sd = scale if np.all(s0_v == 1.0) else scale * s0
+            # Constant factors of the effect's sd (z ~ Normal(0, 2), tau * 2 * z) made the
+            # centred prior Normal(loc, 2 * tau) a black box (importance sampling, not
+            # converged in 50 sweeps) whose z = (a - loc) / scale was drawn from EP's factorised
+            # q (sds 1.5-2 times NUTS's). The latent is the effect over that factor instead,
+            # Normal(loc / factor, tau): semi-analytic, and the effect is factor * it.
+            factor = _constant_factor(scale) * (s0_v.item() if s0_v.size == 1 else 1.0)
+            if factor != 1.0:
+                centre = pt.constant(0.0) if loc is None else loc / factor
+                sd = scale / (factor / (s0_v.item() if s0_v.size == 1 else 1.0))
+                if s0_v.size != 1:
+                    sd = sd * s0
+                if det is not None:  # the Deterministic keeps its name, the latent is hidden
+                    name = HIDDEN_PREFIX + zv.name
+        if name in names and (det is None or factor != 1.0):
+            continue
         new_rng = pytensor.shared(np.random.default_rng(len(rewritten)))
         if isinstance(size.type, NoneTypeT):
             # z's shape came from its parameters (Normal(np.zeros(6), 1)), which the centred
@@ -232,12 +270,13 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         value = new_rv.type(name=name)
         a_free = model_free_rv(new_rv, value, None, *dims)
         a_free.name = name
-        z_det = model_deterministic((a_free - (0.0 if loc is None else loc)) / scale, *z_dims)  # = z
+        centred = a_free if factor == 1.0 else factor * a_free  # = loc + scale * z
+        z_det = model_deterministic((centred - (0.0 if loc is None else loc)) / scale, *z_dims)  # = z
         z_det.name = zv.name
         # the effect becomes the centred latent (indexed like z was, in the second form)
-        replacement = a_free if index is None else index.op(a_free, *index.inputs[1:])
+        replacement = centred if index is None else index.op(centred, *index.inputs[1:])
         fg.replace_all([(effect, replacement)], import_missing=True)
-        drop = {zv} | ({det.outputs[0]} if det is not None else set())
+        drop = {zv} | ({det.outputs[0]} if det is not None and factor == 1.0 else set())
         for i in reversed(range(len(fg.outputs))):
             if fg.outputs[i] in drop:
                 fg.remove_output(i)
