@@ -133,6 +133,18 @@ def test_draws_fall_back_to_eps_joint_gaussian_beyond_the_work_budget(monkeypatc
     assert abs(stats.spearmanr(tau, spread)[0]) < 0.15  # independent, as EP's q has them
 
 
+def test_a_centred_z_drawn_beyond_the_work_budget_is_warned_about(monkeypatch):
+    # radon with varying intercepts and slopes written non-centred (85 counties, D = 172) is
+    # beyond the budget: the slopes' z = (b - mu_b) / sigma_b came out of independent draws
+    # of b and sigma_b with sds 4-10 times NUTS's, silently (robustness round 12)
+    model, *_ = _hierarchy(non_centred=True)
+    monkeypatch.setattr(conditional, "_MAX_WORK", 1.0)
+    with pytest.warns(UserWarning, match=r"^z: the non-centred effect was fitted centred, but the draws given "
+                                         r"the scales were not made .*5 real latents"):
+        idata = pmkjit.fit(model=model, random_seed=2, draws=200, chains=2, progressbar=False)
+    assert idata.ep.attrs["draws_given_scales"] == "no"
+
+
 def test_model_without_latent_scales_draws_from_eps_joint_gaussian():
     rng = np.random.default_rng(0)
     x = rng.normal(size=30)

@@ -1326,3 +1326,35 @@ def test_a_latent_censoring_bound_is_refused_naming_the_likelihood():
         pm.Censored("y", pm.Normal.dist(0.0, 1.0), lower=None, upper=c, observed=np.array([0.2, 1.0, -0.5]))
     with pytest.raises(UnsupportedModelError, match="y: a pm.Censored bound that depends on a latent"):
         build_factor_graph(model)
+
+def test_a_non_centred_effect_after_a_varying_term_is_centred_too():
+    # b0 + b1 * x + sd * z[g] is (b0 + b1 * x) + sd * z[g] to PyTensor: its "location" varies
+    # by observation, and the rewrite gave up, so the commonest way to write a GLMM was fitted
+    # as written (warned about, sds several-fold too small) while b0 + sd * z[g] + b1 * x, the
+    # same model, was centred. The varying term now stays outside the effect sd * z[g].
+    import warnings
+
+    from pmkjit.graph.centre import centre_non_centred
+
+    rng = np.random.default_rng(3)
+    g, x = rng.integers(0, 6, 120), rng.normal(size=120)
+    y = 1.0 + 0.5 * x + rng.normal(0.0, 1.0, 6)[g] + rng.normal(0.0, 0.7, 120)
+    fits = {}
+    for order in ("varying term first", "effect first"):
+        with pm.Model() as model:
+            b0, b1 = pm.Normal("b0", 0.0, 5.0), pm.Normal("b1", 0.0, 5.0)
+            sd = pm.HalfNormal("sd", 2.0)
+            z = pm.Normal("z", 0.0, 1.0, shape=6)
+            mean = b0 + b1 * x + sd * z[g] if order == "varying term first" else b0 + sd * z[g] + b1 * x
+            pm.Normal("y", mean, 0.7, observed=y)
+        assert centre_non_centred(model)[1] == ["z"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # no "non-centred" warning
+            fits[order] = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=300)
+        assert fits[order].ep.attrs["centred"] == "z" and fits[order].ep.attrs["converged"]
+        assert list(fits[order].posterior.data_vars) == ["b0", "b1", "z", "sd"]
+    # the same model, the same EP fit
+    a, b = (pmkjit.ep_posterior(fits[k]) for k in fits)
+    for name in ("b0", "b1", "sd"):
+        np.testing.assert_allclose(a[name].mean(), b[name].mean(), atol=1e-3 * float(np.sqrt(b[name].var()[0])),
+                                   err_msg=name)
