@@ -235,3 +235,22 @@ def test_many_scale_elements_fall_back_to_eps_joint_gaussian_quickly():
         idata = pmkjit.fit(model=model, random_seed=0, draws=200, progressbar=False, max_sweeps=3)
     assert idata.ep.attrs["draws_given_scales"] == "no"
     assert idata.ep.attrs["seconds_draws"] < 2.0
+
+
+def test_beyond_the_reweighting_budget_draws_are_still_made_given_the_scales(monkeypatch):
+    # two scales (tau and the noise sd) beyond the budget of a Cholesky per proposal: one
+    # per draw, given EP's scale marginals (radon with non-centred varying intercepts and
+    # slopes, D = 172: z within 0.08 NUTS sd, sd ratios 0.95-1.05, where EP's joint draws
+    # gave the slopes' z 4-10 times NUTS's sd)
+    rng = np.random.default_rng(5)
+    g = rng.integers(0, 6, 90)
+    with pm.Model() as model:
+        mu, tau, s = pm.Normal("mu", 0.0, 2.0), pm.HalfNormal("tau", 1.0), pm.HalfNormal("s", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, shape=6)
+        pm.Normal("y", mu + tau * z[g], s, observed=rng.normal(rng.normal(0.0, 0.5, 6)[g], 1.0))
+    monkeypatch.setattr(conditional, "_MAX_WORK", 1.0)
+    idata = pmkjit.fit(model=model, random_seed=0, draws=1000, progressbar=False)
+    assert idata.ep.attrs["draws_given_scales"] == "given EP's scale marginals"
+    tau = idata.posterior["tau"].values.ravel()
+    spread = np.abs(idata.posterior["z"].values * idata.posterior["tau"].values[..., None]).mean(-1).ravel()
+    assert stats.spearmanr(tau, spread)[0] > 0.3

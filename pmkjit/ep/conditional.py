@@ -39,6 +39,7 @@ _OVERSAMPLE = 4  # proposals per kept draw: resampling n of 4n weighted draws re
 _TEMPER = 0.5  # proposals of the scales from about q ** 0.5: twice the variance (see _proposal)
 _NEAR_ZERO = 0.2  # share of the proposals from the component that is heavy near 0 (see _proposal)
 _MAX_WORK = 1e10  # flops of the draws' linear algebra: about 2 s on one core
+_MAX_WORK_GIVEN = 2e10  # ... and of draws given EP's scale marginals, one Cholesky per draw (about 5 s)
 _MAX_FLOATS = 2**25  # memory for the per-element (D, D) blocks
 _CHUNK_FLOATS = 2**20  # one chunk of proposals' (D, D) precisions: 8 MB, so it stays in cache
 _MAX_PARETO_K = 0.7  # beyond this the importance weights are unreliable (Vehtari et al. 2024)
@@ -193,6 +194,20 @@ class _Conditional:
             log_z[sl] = 0.5 * np.einsum("mi,mi->m", v[sl], v[sl]) - 0.5 * log_det + norm[sl]
         return log_z, v
 
+    def draw(self, W: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """``theta ~ N(P_j^-1 h_j, P_j^-1)`` for each row of ``W``, one Cholesky each (no ``log Z``)."""
+        if self.G.shape[0] == 1:
+            return self.sample(W, None, z)
+        D = self.P.shape[0]
+        theta = np.empty_like(z)
+        chunk = max(1, _CHUNK_FLOATS // (D * D))
+        for start in range(0, W.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            Lj, hj = self._cholesky(W[sl])
+            v = solve_triangular(Lj, hj[..., None], lower=True, check_finite=False)
+            theta[sl] = solve_triangular(Lj, v + z[sl][..., None], lower=True, trans="T", check_finite=False)[..., 0]
+        return theta
+
     def sample(self, W: np.ndarray, v: np.ndarray | None, z: np.ndarray) -> np.ndarray:
         """``theta ~ N(P_j^-1 h_j, P_j^-1)`` for each row (``v`` from :meth:`evidence` for the same rows)."""
         if self.G.shape[0] == 1:
@@ -272,12 +287,13 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
     ConditionalDraws or None
         ``None`` (draw from EP's joint Gaussian) when no semi-analytic Normal factor has a
         latent scale; when they read more than 16 scale elements; when the linear algebra
-        would take more than a few seconds (with one
-        scale element, an eigendecomposition, ``10 D^3 + n D^2 > 1e10``: ``D > 1,000``;
-        with several, a Cholesky per proposal, ``4 n D^3 > 1e10``: ``D > 107`` for
-        2 x 1,000 draws) or the per-element blocks would not fit in memory; or when a
-        conditional precision is not positive definite (a site of another factor with
-        negative precision can leave one so).
+        would take more than a few seconds (with one scale element, an eigendecomposition,
+        ``10 D^3 + n D^2 > 1e10``: ``D > 1,000``; with several, a Cholesky per draw given
+        EP's scale marginals, ``n D^3 > 2e10``: ``D > 215`` for 2 x 1,000 draws; the
+        reweighting, a Cholesky per proposal, needs ``4 n D^3 <= 1e10``: ``D <= 107``), or
+        the per-element blocks would not fit in memory; or when a conditional precision is
+        not positive definite (a site of another factor with negative precision can leave
+        one so).
     """
     factors = [(fi, f) for fi, f in enumerate(graph.factors) if f.analytic in _SEMI_ANALYTIC]
     D, M = graph.n_theta, _OVERSAMPLE * n
@@ -290,11 +306,23 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         # importance weights over that many dimensions degenerate (Pareto k 2.2 with 80
         # group scales, 27 with one per observation), so the work would be thrown away
         return None
-    # one column: an eigendecomposition and O(D^2) per draw; else a Cholesky per proposal
-    work = 10.0 * D**3 + n * float(D) ** 2 if E == 1 else M * (float(D) ** 3 + E * float(D) ** 2)
-    work += sum(f.size for _, f in factors) * float(D) ** 2  # the blocks A^T A
-    if work > _MAX_WORK or E * float(D) ** 2 > _MAX_FLOATS:
+    # one column: an eigendecomposition and O(D^2) per draw; else a Cholesky per proposal,
+    # or, beyond that, one per draw given EP's marginals of the scales (no reweighting)
+    blocks = sum(f.size for _, f in factors) * float(D) ** 2  # the blocks A^T A
+    per_draw = float(D) ** 3 + E * float(D) ** 2
+    work = 10.0 * D**3 + n * float(D) ** 2 if E == 1 else M * per_draw
+    if E * float(D) ** 2 > _MAX_FLOATS:
         return None
+    if work + blocks > _MAX_WORK:
+        if E == 1 or n * per_draw + blocks > _MAX_WORK_GIVEN:
+            return None
+        cond = _Conditional(graph, state, factors, columns)
+        kept = {name: scales[name] for name in cond.site}
+        try:
+            theta = cond.draw(cond.precisions(kept), rng.standard_normal((n, D)))
+        except np.linalg.LinAlgError:
+            return None
+        return ConditionalDraws(theta, kept, float("nan"), False)
     cond = _Conditional(graph, state, factors, columns)
     # proposals: the scales from Gammas wider than EP's marginals, theta given them
     proposal, minus_log_proposal = {}, np.zeros(M)
@@ -339,9 +367,8 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         theta = cond.sample(W[index], None if v is None else v[index], rng.standard_normal((n, D)))
         return ConditionalDraws(theta, {k_: p[index] for k_, p in proposal.items()}, k, True)
     kept = {name: scales[name] for name in cond.site}
-    W = cond.precisions(kept)
     try:
-        _, v = cond.evidence(W)
+        theta = cond.draw(cond.precisions(kept), rng.standard_normal((n, D)))
     except np.linalg.LinAlgError:
         return None
-    return ConditionalDraws(cond.sample(W, v, rng.standard_normal((n, D))), kept, k, False)
+    return ConditionalDraws(theta, kept, k, False)

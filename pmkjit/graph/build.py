@@ -743,8 +743,8 @@ class _Builder:
                 f"ignore their correlation, so EP's own marginal of {step} is approximate (on reviewed models 0.25 "
                 "to 1.2 posterior sds off and up to 1.6 times too wide) and EP may not converge in 50 sweeps. The "
                 f"posterior draws reweight {step} to the marginal the walk's Gaussian implies where the linear "
-                "algebra is cheap enough (ep.attrs['scale_pareto_k'] is then set: see docs/ep.md), which put it "
-                "within 0.1 NUTS sd on reviewed models; check the others against pm.sample",
+                "algebra is cheap enough (ep.attrs['draws_given_scales'] == 'reweighted': see docs/ep.md), which "
+                "put it within 0.1 NUTS sd on reviewed models; check the others against pm.sample",
                 UserWarning,
                 stacklevel=4,
             )
