@@ -15,8 +15,8 @@ import pymc as pm
 import xarray as xr
 from scipy.linalg import solve_triangular
 from pymc.model.transform.optimization import freeze_dims_and_data
-from pytensor.graph.traversal import ancestors
 from pymc.backends.arviz import coords_and_dims_for_inferencedata, find_constants, find_observations
+from pytensor.graph.traversal import ancestors
 
 from pmkjit import __version__  # defined before pmkjit imports this module
 from pmkjit._parallel import single_threaded_blas
@@ -341,7 +341,7 @@ def _warn_unconditional_centred_draws(model, graph, centred: list[str], given: C
     semi = {f.name for f in graph.factors if f.analytic is not None and f.from_prior}
     loose = []
     for z in centred:
-        # the centred latent z is a deterministic of
+        # the latents z is a deterministic of: its centred latent, loc's and scale's
         latent = [v.name for v in model.free_RVs if v in ancestors([model[z]])]
         if given is None or not any(name in semi for name in latent):
             loose.append(z)
