@@ -1358,3 +1358,15 @@ def test_a_non_centred_effect_after_a_varying_term_is_centred_too():
     for name in ("b0", "b1", "sd"):
         np.testing.assert_allclose(a[name].mean(), b[name].mean(), atol=1e-3 * float(np.sqrt(b[name].var()[0])),
                                    err_msg=name)
+
+
+def test_an_lkj_covariance_is_refused_naming_its_constructor():
+    # the message said only "chol has transform CholeskyCovPacked" (robustness round 12)
+    rng = np.random.default_rng(0)
+    with pm.Model() as model:
+        chol, _, _ = pm.LKJCholeskyCov("chol", n=2, eta=2.0, sd_dist=pm.Exponential.dist(1.0), compute_corr=True)
+        ab = pm.MvNormal("ab", mu=np.zeros(2), chol=chol, shape=(5, 2))
+        pm.Normal("y", ab[rng.integers(0, 5, 40), 0], 1.0, observed=rng.normal(size=40))
+    with pytest.raises(UnsupportedModelError, match=r"^chol has transform CholeskyCovPacked \(a covariance from "
+                                                    r"pm\.LKJCholeskyCov, which pmkjit does not support\)"):
+        build_factor_graph(model)

@@ -110,6 +110,15 @@ _OF_DISTRIBUTIONS = {
 }
 
 
+# Transforms whose names do not say which constructor the user called
+_TRANSFORM_CONSTRUCTORS = {
+    "CholeskyCovPacked": "a covariance from pm.LKJCholeskyCov",
+    "SimplexTransform": "a simplex from pm.Dirichlet",
+    "Ordered": "an ordered vector (transform=pm.distributions.transforms.ordered)",
+    "ZeroSumTransform": "a pm.ZeroSumNormal over several axes",
+}
+
+
 # Distributions whose support moves with their parameters: an observation outside it at
 # the points tried may be inside it elsewhere, so the support check leaves them alone.
 _PARAMETER_SUPPORT = ("UniformRV", "TriangularRV", "ParetoRV", "DiscreteUniformRV", "HyperGeometricRV")
@@ -282,8 +291,12 @@ class _Builder:
                 f"{name} lives on an interval other than (0, 1) or (0, inf); rescale it to (0, 1) "
                 "(e.g. a Beta or Uniform(0, 1) variable and a Deterministic)"
             )
+        what = _TRANSFORM_CONSTRUCTORS.get(tname)
         raise UnsupportedModelError(
-            f"{name} has transform {tname}; pmkjit supports latents on the reals, (0, 1) and (0, inf)"
+            f"{name} has transform {tname}" + (f" ({what}, which pmkjit does not support)" if what else "")
+            + "; pmkjit supports latents on the reals, (0, 1) and (0, inf)"
+            + ("; for correlated group effects use independent ones with their own scales, or pm.sample"
+               if tname == "CholeskyCovPacked" else "")
         )
 
     # ---------------------------------------------------------- decomposition
