@@ -8,7 +8,10 @@ instance (N = 120 in 6 groups: posterior sds of ``mu`` and ``tau`` of 0.07 and 0
 the exact ones are 0.44 and 0.41). Both forms are the same model: ``a = loc + scale * z``
 with ``z ~ Normal(m0, s0)`` is ``a ~ Normal(loc + scale * m0, scale * s0)`` and
 ``z = (a - loc) / scale``, so the model is rewritten before EP and ``z`` kept as a
-deterministic of the draws.
+deterministic of the draws (made given the scale: :mod:`pmkjit.ep.conditional`). With one
+observation per element (the non-centred eight schools) the form as written did not converge
+in 50 sweeps either (12 s, ``theta``'s sds up to 1.28 times NUTS's); centred it converges in 6
+(0.3 s, within 0.05 NUTS sd).
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ def _users(fg, var) -> list:
     return [c for c, _ in fg.clients[var] if not isinstance(c.op, Output)]
 
 
-def _repeated_index(node) -> bool:
-    """Whether an indexing node reads its first input by constant indices that repeat (``a[group]``)."""
+def _constant_index(node) -> bool:
+    """Whether an indexing node reads its first input by constant or ``pm.Data`` integer indices (``a[group]``)."""
     if not isinstance(node.op, (AdvancedSubtensor, AdvancedSubtensor1)):
         return False
     for idx in node.inputs[1:]:
@@ -58,20 +61,10 @@ def _repeated_index(node) -> bool:
         elif isinstance(idx, pt.TensorConstant):
             values = np.asarray(idx.data)
         else:
-            continue
-        distinct = np.unique(values).size
-        if values.dtype.kind in "iu" and distinct > 1 and values.size >= 2 * distinct:
-            return True
-    return False
-
-
-def _read_repeatedly(fg, effect) -> bool:
-    """Whether ``effect`` is indexed by constant indices that repeat its elements (``a[group]``).
-
-    Only then does the non-centred form go wrong in EP: with one observation per element
-    (the non-centred eight schools) it is fitted well as written.
-    """
-    return any(user.inputs[0] is effect and _repeated_index(user) for user in _users(fg, effect))
+            return False
+        if values.dtype.kind not in "iu":
+            return False
+    return True
 
 
 def _is_elemwise(node, scalar_op) -> bool:
@@ -183,12 +176,13 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
     -----
     Rewritten only where it is safe: ``z`` has a Normal prior with constant parameters
     and no transform, ``scale`` is positive by construction (:func:`_positive`) and does not
-    depend on ``z``, ``loc`` does not depend on ``z``, and the effect is read repeatedly by
-    constant or ``pm.Data`` indices. Two forms:
+    depend on ``z``, and ``loc`` does not depend on ``z``. Two forms:
 
-    * ``loc + scale * z`` of ``z``'s shape, at most one ``pm.Deterministic`` of it, indexed
-      as ``effect[group]`` (``z``'s only use is the product);
-    * ``loc + scale * z[group]`` with a scalar ``scale`` (``z``'s only use is the indexing),
+    * ``loc + scale * z`` of ``z``'s shape, at most one ``pm.Deterministic`` of it, read as
+      it is (the non-centred eight schools) or indexed (``effect[group]``); ``z``'s only use
+      is the product;
+    * ``loc + scale * z[group]`` with a scalar ``scale`` and constant or ``pm.Data`` integer
+      indices (``z``'s only use is the indexing),
       which is ``a[group]`` for ``a ~ Normal(loc + scale * m0, scale * s0)``; ``loc`` is the
       scalar added to the product, if any (a term varying by observation stays outside the
       effect, which is then ``scale * z[group]``).
@@ -217,7 +211,7 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         users = _users(fg, zv)
         if len(users) != 1:
             continue
-        index = users[0] if users[0].inputs[0] is zv and _repeated_index(users[0]) else None
+        index = users[0] if users[0].inputs[0] is zv and _constant_index(users[0]) else None
         if index is not None:  # loc + scale * z[group]
             found = _scale_and_effect(fg, zv, index.outputs[0], model_outputs, scalar=True)
             if found is None:
@@ -229,8 +223,6 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
             if found is None:
                 continue
             scale, loc, effect = found
-            if not _read_repeatedly(fg, effect):
-                continue
             dets = [c for c in _users(fg, effect) if isinstance(c.op, ModelDeterministic)]
             if len(dets) > 1:
                 continue
