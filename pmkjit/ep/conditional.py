@@ -194,22 +194,11 @@ class _Conditional:
             log_z[sl] = 0.5 * np.einsum("mi,mi->m", v[sl], v[sl]) - 0.5 * log_det + norm[sl]
         return log_z, v
 
-    def draw(self, W: np.ndarray, z: np.ndarray) -> np.ndarray:
-        """``theta ~ N(P_j^-1 h_j, P_j^-1)`` for each row of ``W``, one Cholesky each (no ``log Z``)."""
-        if self.G.shape[0] == 1:
-            return self.sample(W, None, z)
-        D = self.P.shape[0]
-        theta = np.empty_like(z)
-        chunk = max(1, _CHUNK_FLOATS // (D * D))
-        for start in range(0, W.shape[0], chunk):
-            sl = slice(start, start + chunk)
-            Lj, hj = self._cholesky(W[sl])
-            v = solve_triangular(Lj, hj[..., None], lower=True, check_finite=False)
-            theta[sl] = solve_triangular(Lj, v + z[sl][..., None], lower=True, trans="T", check_finite=False)[..., 0]
-        return theta
-
     def sample(self, W: np.ndarray, v: np.ndarray | None, z: np.ndarray) -> np.ndarray:
-        """``theta ~ N(P_j^-1 h_j, P_j^-1)`` for each row (``v`` from :meth:`evidence` for the same rows)."""
+        """``theta ~ N(P_j^-1 h_j, P_j^-1)`` for each row of ``W``, one Cholesky each.
+
+        ``v`` is what :meth:`evidence` returned for the same rows, or ``None`` to compute it here.
+        """
         if self.G.shape[0] == 1:
             # theta = L^-T U (t / d + z / sqrt(d)): covariance (L U diag(d) U^T L^T)^-1 = P_j^-1
             L, U, _, d, t, _ = self._diagonal(W)
@@ -220,9 +209,10 @@ class _Conditional:
         chunk = max(1, _CHUNK_FLOATS // (D * D))
         for start in range(0, W.shape[0], chunk):
             sl = slice(start, start + chunk)
-            Lj, _ = self._cholesky(W[sl])
+            Lj, hj = self._cholesky(W[sl])
+            vj = v[sl] if v is not None else solve_triangular(Lj, hj[..., None], lower=True, check_finite=False)[..., 0]
             # L_j^-T (v_j + z_j): mean L_j^-T L_j^-1 h_j = P_j^-1 h_j, covariance P_j^-1
-            theta[sl] = solve_triangular(Lj, (v[sl] + z[sl])[..., None], lower=True, trans="T",
+            theta[sl] = solve_triangular(Lj, (vj + z[sl])[..., None], lower=True, trans="T",
                                          check_finite=False)[..., 0]
         return theta
 
@@ -319,7 +309,7 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         cond = _Conditional(graph, state, factors, columns)
         kept = {name: scales[name] for name in cond.site}
         try:
-            theta = cond.draw(cond.precisions(kept), rng.standard_normal((n, D)))
+            theta = cond.sample(cond.precisions(kept), None, rng.standard_normal((n, D)))
         except np.linalg.LinAlgError:
             return None
         return ConditionalDraws(theta, kept, float("nan"), False)
@@ -368,7 +358,7 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         return ConditionalDraws(theta, {k_: p[index] for k_, p in proposal.items()}, k, True)
     kept = {name: scales[name] for name in cond.site}
     try:
-        theta = cond.draw(cond.precisions(kept), rng.standard_normal((n, D)))
+        theta = cond.sample(cond.precisions(kept), None, rng.standard_normal((n, D)))
     except np.linalg.LinAlgError:
         return None
     return ConditionalDraws(theta, kept, k, False)
