@@ -24,6 +24,7 @@ from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine
 from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
 from pmkjit.ep.methods import FactorOracle, KJITMethod, quadrature_possible
+from pmkjit.ep.joint import JointQuadrature
 from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.engine import EPInfo
 from pmkjit.ep.store import OperatorStore
@@ -164,6 +165,7 @@ def fit(
     adaptive = damping == "auto"
     step = 1.0 if adaptive else float(damping)
     original = pm.modelcontext(model)
+    _drop_repeated_observed(original)
     if not original.free_RVs:
         # pm.sample refuses this too; EP would otherwise run no sweep and fail building an
         # InferenceData without a posterior ("'InferenceData' object has no attribute 'posterior'")
@@ -315,6 +317,25 @@ def fit(
         return idata
 
 
+def _drop_repeated_observed(model: pm.Model) -> None:
+    """Remove repeats of a variable from ``model.observed_RVs`` (in place).
+
+    ``pm.sample_posterior_predictive(idata)`` with an ``observed_data`` group (every
+    InferenceData of ``pm.sample`` and of :func:`fit`) extends the model's own list in
+    place with the observed variables again (PyMC 5.28). A later fit then counted every
+    likelihood twice: a logistic regression refitted after a posterior predictive check
+    came out with two identical likelihood factors and different draws. PyMC's
+    ``model.logp()`` itself fails on such a model; the repeats carry nothing, and
+    dropping them restores the model as the user built it.
+    """
+    lists = model.observed_RVs
+    while isinstance(lists, list):  # a sub-model's list extends its parents' (PyMC's treelist)
+        unique = list(dict.fromkeys(lists))
+        if len(unique) < len(lists):
+            list.__setitem__(lists, slice(None), unique)  # treelist forbids item assignment
+        lists = getattr(lists, "parent", None)
+
+
 def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
     """``model`` with its non-centred group effects centred (see :mod:`pmkjit.graph.centre`)."""
     try:
@@ -400,6 +421,13 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             methods.append(semi)
             kjits.append(None)
             oracles.append(_NoOracle())
+            continue
+        if f.joint:
+            # class predictors with one joint site: a grid in the joint cavity, no operator
+            joint = JointQuadrature(f, sub, n_samples=min(n_samples, 20_000))
+            methods.append(joint)
+            kjits.append(None)
+            oracles.append(joint)
             continue
         can_quad = quadrature_possible(f)
         if method == "quadrature" and not can_quad:

@@ -1406,3 +1406,21 @@ def test_an_lkj_covariance_is_refused_naming_its_constructor():
     with pytest.raises(UnsupportedModelError, match=r"^chol has transform CholeskyCovPacked \(a covariance from "
                                                     r"pm\.LKJCholeskyCov, which pmkjit does not support\)"):
         build_factor_graph(model)
+
+
+def test_a_posterior_predictive_check_between_two_fits_does_not_count_the_likelihood_twice():
+    """pm.sample_posterior_predictive(idata) extends model.observed_RVs in place with the
+    observed variables again (PyMC 5.28, whenever idata has observed_data); the next fit
+    built two identical likelihood factors from it."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=40)
+    y = (rng.random(40) < 1 / (1 + np.exp(-x))).astype(int)
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, 1, shape=2)
+        pm.Bernoulli("y", logit_p=w[0] + w[1] * x, observed=y)
+    first = pmkjit.fit(model=model, random_seed=3, progressbar=False)
+    with model:
+        pm.sample_posterior_predictive(first, random_seed=4, progressbar=False)
+    again = pmkjit.fit(model=model, random_seed=3, progressbar=False)
+    assert again.ep.attrs["factor_graph"].count("black-box factor") == 1
+    np.testing.assert_array_equal(again.posterior["w"].values, first.posterior["w"].values)

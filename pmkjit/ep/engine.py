@@ -27,6 +27,7 @@ from scipy import linalg
 
 from pmkjit.errors import ImproperMessageError, UnsupportedModelError
 from pmkjit.families import Beta, Gamma, Gaussian, PointMass
+from pmkjit.ep.joint import joint_update
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, FactorGraph, LinearSlot
 
 __all__ = ["EPState", "EPInfo", "init", "sweep", "posterior_moments"]
@@ -275,6 +276,11 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
     sites = [list(s) for s in state.sites]
     for fi, (f, method) in enumerate(zip(graph.factors, methods)):
         t0 = time.perf_counter()
+        if f.joint:
+            use, new = joint_update(f, state, sites[fi], method, info)
+            info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t0
+            sites, state = _damped_update(graph, prior, sites, state, fi, use, new, damping, info)
+            continue
         marg = _marginals(graph, prior, state, f)
         cav, ok = [], np.ones(f.size, bool)
         for k, (slot, m) in enumerate(zip(f.slots, [marg[i] for i in f.targets])):
@@ -307,23 +313,8 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
             good &= np.isfinite(delta).all(axis=1)
             new.append(delta)
         info.unanswered += int((~good).sum())
-        use = idx[good]
-        step = damping
-        for _ in range(_MAX_HALVINGS + 1):
-            trial = [list(s) for s in sites]
-            for k in range(len(f.slots)):
-                old = sites[fi][k]
-                upd = old.copy()
-                upd[use] = old[use] + step * (new[k][good] - old[use])
-                trial[fi][k] = upd
-            candidate = _posterior(graph, prior, trial, jitter=False)
-            if candidate is not None and _proper_elements(graph, candidate):
-                sites, state = trial, candidate
-                break
-            info.damping_halvings += 1
-            step *= 0.5
-        else:
-            info.rejected_updates += int(use.size)
+        sites, state = _damped_update(graph, prior, sites, state, fi, idx[good], [n[good] for n in new], damping,
+                                      info)
         info.seconds["update"] = info.seconds.get("update", 0.0) + time.perf_counter() - t1
     state.sites = sites
     info.max_change = _change(before, _summary(graph, state))
@@ -347,6 +338,33 @@ def _flat_up_to_round_off(cavity: np.ndarray, marginal: np.ndarray) -> np.ndarra
     flat = np.abs(cavity[:, 1]) <= _FLAT * np.abs(marginal[:, 1])
     out[flat] = _FLAT * marginal[flat]
     return out
+
+
+def _damped_update(graph: FactorGraph, prior: _Prior, sites: list, state: EPState, fi: int, use: np.ndarray,
+                   new: list[np.ndarray], damping: float, info: EPInfo) -> tuple[list, EPState]:
+    """Move factor ``fi``'s sites at entries ``use`` towards ``new`` (one array per slot).
+
+    The step is halved until the posterior is proper (its Gaussian block positive
+    definite, every element message proper); after ``_MAX_HALVINGS`` halvings the
+    update is rejected.
+    """
+    if use.size == 0:
+        return sites, state
+    step = damping
+    for _ in range(_MAX_HALVINGS + 1):
+        trial = [list(s) for s in sites]
+        for k, target in enumerate(new):
+            old = sites[fi][k]
+            upd = old.copy()
+            upd[use] = old[use] + step * (target - old[use])
+            trial[fi][k] = upd
+        candidate = _posterior(graph, prior, trial, jitter=False)
+        if candidate is not None and _proper_elements(graph, candidate):
+            return trial, candidate
+        info.damping_halvings += 1
+        step *= 0.5
+    info.rejected_updates += int(use.size)
+    return sites, state
 
 
 def _messages(f: BlackBoxFactor, cav: list, idx: np.ndarray) -> tuple:

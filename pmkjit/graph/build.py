@@ -17,6 +17,7 @@ black-box factor with a forward sampler and, where PyMC can derive one, a log-de
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import warnings
 from collections.abc import Sequence
@@ -579,6 +580,9 @@ class _Builder:
     def _likelihood_factor(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None) -> None:
         op = rv.owner.op
         opname = type(op).__name__
+        if opname == "CategoricalRV":
+            self._categorical(rv, y, mask)
+            return
         params = [lift_indexing(p) for p in _dist_params(rv)]
         if mask is not None:
             params = [lift_indexing(_select(p, y.shape, mask)) for p in params]
@@ -603,6 +607,63 @@ class _Builder:
         if opname in _SPLIT and self._try_split(rv, opname, params, y):
             return
         self._black_box(rv, params, plate, kind="likelihood", observed=y.ravel())
+
+    def _categorical(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None) -> None:
+        """``pm.Categorical(p=softmax(eta, axis=-1))`` or ``logit_p=eta``: one black-box factor.
+
+        The ``K`` columns of ``eta`` are the factor's inputs (linear predictors, one slot
+        each; a constant reference column is a constant): each observation's class
+        probabilities are a softmax of its ``K`` linear predictors, which no elementwise
+        parameter expresses, so the factor rebuilds the softmax over its flat inputs.
+        """
+        p = _dist_params(rv)[0]
+        # softmax(a) of one vector a, broadcast to every observation (intercepts only)
+        while p.owner is not None and (_pass_through(p.owner.op) or (
+                isinstance(p.owner.op, DimShuffle) and _left_expanding(p.owner.op))):
+            p = p.owner.inputs[0]
+        node = p.owner
+        axis = getattr(node.op, "axis", None) if node is not None else None
+        if (node is None or type(node.op).__name__ != "Softmax"
+                or (axis is not None and axis % p.ndim != p.ndim - 1)):
+            # "CategoricalRV" first: pm.OrderedLogistic and pm.OrderedProbit build one too
+            raise UnsupportedModelError(
+                f"{rv.name}: CategoricalRV with these class probabilities ({_label(p)}) is not supported: pmkjit "
+                "reads pm.Categorical with p=pm.math.softmax(eta, axis=-1) or logit_p=eta, eta affine in the "
+                "real-valued latents (multinomial logistic regression); ordinal outcomes (pm.OrderedLogistic, "
+                "pm.OrderedProbit) are not supported"
+            )
+        eta = node.inputs[0]
+        K = eta.type.shape[-1]
+        if K is None:
+            K = int(np.asarray(evaluate_constant(eta.shape[-1])))
+        from pytensor.graph.rewriting.utils import rewrite_graph
+
+        columns = [lift_indexing(rewrite_graph(eta[..., k], include=("canonicalize",))) for k in range(K)]
+        if mask is not None:
+            columns = [lift_indexing(_select(c, y.shape, mask)) for c in columns]
+            y = y[mask]
+        if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
+            return  # constant class probabilities: a constant factor
+        def categorical(flat: list) -> Variable:
+            return pm.Categorical.dist(p=pt.special.softmax(pt.stack(flat, axis=-1), axis=-1))
+
+        n_factors = len(self.graph.factors)
+        self._black_box(rv, columns, y.shape, kind="likelihood", observed=y.ravel(), make_dist=categorical)
+        if len(self.graph.factors) == n_factors:
+            return
+        f = self.graph.factors[-1]
+        slots = [f.inputs[i] for i in f.latent_inputs]
+        if len(slots) < 2:
+            return
+        if not all(isinstance(s, LinearSlot) for s in slots):
+            raise UnsupportedModelError(
+                f"{rv.name}: a pm.Categorical whose class predictors read a positive or unit-interval latent "
+                "directly is not supported; pmkjit needs each class's predictor affine in real-valued latents"
+            )
+        # one joint Gaussian site per observation over the class predictors (pmkjit.ep.joint)
+        f.pair_slots = [LinearSlot(a.A + b.A, a.c + b.c, f"{a.label} + {b.label}")
+                        for a, b in itertools.combinations(slots, 2)]
+        f.description += f" (joint site over {len(slots)} class predictors)"
 
     def _check_support(self, rv: Variable, y: np.ndarray) -> None:
         """Refuse observed values of zero density (outside the distribution's support).
@@ -892,12 +953,19 @@ class _Builder:
         ))
         return True
 
-    def _black_box(self, rv, params, plate, *, kind: str, output=None, observed=None) -> None:
+    def _black_box(self, rv, params, plate, *, kind: str, output=None, observed=None, make_dist=None) -> None:
+        """A black-box factor of ``rv`` whose parameters are ``params`` over ``plate``.
+
+        ``make_dist(flat_params)`` builds the distribution from the parameters as flat
+        vectors (default: ``rv``'s own, rebuilt); it lets a distribution whose parameters
+        have a core dimension (a categorical's probabilities) be given elementwise inputs.
+        """
         op = rv.owner.op
         opname = type(op).__name__
         leaves: dict = {}
         seen: set = set()
-        _check_elementwise_distribution(rv, self.latent_rvs)
+        if make_dist is None:
+            _check_elementwise_distribution(rv, self.latent_rvs)
         if kind != "likelihood" and _has_no_random(op):
             # EP starts a latent's prior site from forward samples (and importance sampling
             # draws from it): PyMC's own NotImplementedError surfaced mid-fit, from PyTensor
@@ -915,7 +983,7 @@ class _Builder:
         inputs, slots, flat_params = self._rebuild(params, leaves)
         flat_params = [pt.broadcast_to(p, (pt.shape(inputs[0])[0],)) if inputs and p.ndim == 0 else p
                        for p in flat_params]
-        new_rv = _flat_distribution(rv, flat_params)
+        new_rv = _flat_distribution(rv, flat_params) if make_dist is None else make_dist(flat_params)
         sampler_fn = compile_function(inputs, new_rv)
         rngs = find_rng_nodes([new_rv])
         if not rngs:
@@ -1387,8 +1455,8 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
         # pm.OrderedLogistic / OrderedProbit are Categorical underneath: say so, the user
         # never wrote "Categorical"
         hint = (" (pm.Categorical, pm.OrderedLogistic and pm.OrderedProbit: a categorical outcome's "
-                "probabilities are a vector per observation; one-hot Bernoulli or Binomial observations "
-                "are elementwise)" if name == "CategoricalRV" else "")
+                "probabilities are a vector per observation; pmkjit reads an observed pm.Categorical with "
+                "p=pm.math.softmax(eta, axis=-1) or logit_p=eta)" if name == "CategoricalRV" else "")
         raise UnsupportedModelError(
             f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions){hint}"
         )

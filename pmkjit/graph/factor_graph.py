@@ -165,6 +165,12 @@ class BlackBoxFactor:
         The likelihood puts point masses on some observed values: a ``pm.Censored`` one
         at its bounds (the base's cdf or survival function there, its density elsewhere),
         a zero-inflated or hurdle one at its ``DiracDelta`` component's value.
+    pair_slots : list of LinearSlot
+        Non-empty for a factor whose latent inputs (linear slots, ``m`` of them) share one
+        joint Gaussian site per instance, as a categorical likelihood's class predictors
+        must: its precision matrix is spread over the inputs' own slots (the diagonal
+        less the off-diagonal sums) and one slot ``eta_i + eta_j`` per pair ``i < j``
+        (the off-diagonal entries), so the posterior is assembled as for any slot.
     key : str
         Identifies the factor's form (graph and families, not names or data), so a
         learned operator can be reused by another model with the same factor.
@@ -188,6 +194,12 @@ class BlackBoxFactor:
     analytic: str | None = None
     from_prior: bool = False
     point_masses: bool = False
+    pair_slots: list = field(default_factory=list)
+
+    @property
+    def joint(self) -> bool:
+        """Whether the latent inputs share one joint Gaussian site (see ``pair_slots``)."""
+        return bool(self.pair_slots)
 
     @property
     def latent_inputs(self) -> list[int]:
@@ -220,7 +232,7 @@ class BlackBoxFactor:
         s = [self.inputs[i] for i in self.latent_inputs]
         if self.kind == "prior":
             s.append(self.output)
-        return s
+        return s + list(self.pair_slots)
 
 
 @dataclass

@@ -1,0 +1,172 @@
+"""Joint Gaussian sites for factors whose linear inputs must not be factorised.
+
+A categorical likelihood with a softmax over ``m`` linear predictors (multinomial
+logistic regression) couples its predictors: given an observed class, they move
+together. EP's usual rank-one site per predictor drops that coupling, and the
+posterior then misses the correlations between the classes' coefficients (robustness
+check, 3 classes with intercepts only: sds 0.76 of NUTS's; 4 classes with covariates:
+means 0.27 NUTS sd off, sds 0.76-0.84 of NUTS's). Such a factor gets one ``m``-variate
+Gaussian site per instance instead, stored without changing how the posterior is
+assembled: a symmetric ``m x m`` precision ``Lam`` equals
+
+    sum_i (Lam_ii - sum_{j != i} Lam_ij) e_i e_i^T + sum_{i < j} Lam_ij (e_i + e_j)(e_i + e_j)^T,
+
+so the site lives on the inputs' own slots and on one slot ``eta_i + eta_j`` per pair
+(:attr:`pmkjit.graph.BlackBoxFactor.pair_slots`), each an ordinary rank-one site.
+The tilted moments come from a tensor Gauss-Hermite grid in the cavity's own frame
+(Cholesky of its covariance), with the factor's PyMC log-density at the nodes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from scipy import linalg
+
+from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
+
+__all__ = ["JointQuadrature", "joint_update"]
+
+# Gauss-Hermite nodes per dimension: a grid of a few thousand nodes at most. The
+# likelihood is bounded and smooth (a softmax), so the tilted law is the cavity reweighted
+# by a bounded factor and a grid in the cavity's frame resolves it.
+_NODES = {1: 64, 2: 32, 3: 16, 4: 9, 5: 6, 6: 5}
+_MAX_GRID_DIMS = max(_NODES)
+_CHUNK = 2_000_000  # grid points x instances evaluated at once
+
+
+def _pairs(m: int) -> list[tuple[int, int]]:
+    return list(itertools.combinations(range(m), 2))
+
+
+def joint_site(sites: list[np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(Lam, h)``, shapes ``(B, m, m)`` and ``(B, m)``, from the slot sites (inputs, then pairs)."""
+    B = sites[0].shape[0]
+    Lam = np.zeros((B, m, m))
+    h = np.zeros((B, m))
+    for i in range(m):
+        Lam[:, i, i] = -2.0 * sites[i][:, 1]
+        h[:, i] = sites[i][:, 0]
+    for p, (i, j) in enumerate(_pairs(m)):
+        tau = -2.0 * sites[m + p][:, 1]
+        Lam[:, i, i] += tau
+        Lam[:, j, j] += tau
+        Lam[:, i, j] += tau
+        Lam[:, j, i] += tau
+        h[:, i] += sites[m + p][:, 0]
+        h[:, j] += sites[m + p][:, 0]
+    return Lam, h
+
+
+def slot_sites(Lam: np.ndarray, h: np.ndarray) -> list[np.ndarray]:
+    """The slot sites ``(n1, n2)`` (inputs, then pairs) that make up the joint site ``(Lam, h)``."""
+    m = h.shape[1]
+    out = []
+    off = Lam.sum(axis=2) - np.diagonal(Lam, axis1=1, axis2=2)  # sum_{j != i} Lam_ij
+    for i in range(m):
+        out.append(np.stack([h[:, i], -0.5 * (Lam[:, i, i] - off[:, i])], axis=1))
+    for i, j in _pairs(m):
+        out.append(np.stack([np.zeros(h.shape[0]), -0.5 * Lam[:, i, j]], axis=1))
+    return out
+
+
+class JointQuadrature:
+    """Tilted mean and covariance of a factor's latent inputs under a joint Gaussian cavity.
+
+    Parameters
+    ----------
+    factor : BlackBoxFactor
+        A likelihood whose latent inputs are linear slots and which has a log-density.
+    rng : numpy.random.Generator
+        Used only above six latent inputs, where the grid gives way to ``n_samples``
+        draws from the cavity (importance sampling).
+    n_samples : int
+        Draws per instance in that case.
+    """
+
+    kind = "joint quadrature"
+
+    def __init__(self, factor: BlackBoxFactor, rng: np.random.Generator, n_samples: int = 20_000):
+        self.factor = factor
+        self.rng = rng
+        self.n_samples = int(n_samples)
+        self.n_calls = 0
+        self.n_fallback = 0
+
+    def _grid(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        if m <= _MAX_GRID_DIMS:
+            z, w = np.polynomial.hermite_e.hermegauss(_NODES[m])
+            Z = np.stack(np.meshgrid(*([z] * m), indexing="ij"), axis=-1).reshape(-1, m)
+            W = np.prod(np.stack(np.meshgrid(*([w] * m), indexing="ij"), axis=-1).reshape(-1, m), axis=1)
+            return Z, np.log(W / W.sum())
+        return self.rng.standard_normal((self.n_samples, m)), np.full(self.n_samples, -np.log(self.n_samples))
+
+    def __call__(self, mean: np.ndarray, cov: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tilted ``(mean, cov, ok)`` for instances ``idx`` with cavity ``N(mean, cov)`` (``(b, m)``, ``(b, m, m)``)."""
+        f = self.factor
+        b, m = mean.shape
+        self.n_calls += b
+        Z, log_w = self._grid(m)
+        L = np.linalg.cholesky(cov)
+        out_mean, out_cov = np.empty((b, m)), np.empty((b, m, m))
+        latent = f.latent_inputs
+        rows = max(1, _CHUNK // Z.shape[0])
+        for lo in range(0, b, rows):
+            hi = min(b, lo + rows)
+            x = mean[lo:hi, None, :] + np.einsum("bij,gj->bgi", L[lo:hi], Z)  # (c, G, m)
+            sel = idx[lo:hi, None]
+            ins = []
+            for i, s in enumerate(f.inputs):
+                if isinstance(s, DataSlot):
+                    ins.append(np.broadcast_to(s.values[sel], x.shape[:2]))
+                else:
+                    ins.append(x[..., latent.index(i)])
+            y = np.broadcast_to(f.observed[sel], x.shape[:2])
+            with np.errstate(all="ignore"):
+                lp = log_w + f.logp(y, tuple(ins))
+                lp = np.where(np.isnan(lp), -np.inf, lp)
+                r = np.exp(lp - lp.max(axis=1, keepdims=True))
+                r /= r.sum(axis=1, keepdims=True)
+            mu = np.einsum("bg,bgi->bi", r, x)
+            d = x - mu[:, None, :]
+            out_mean[lo:hi] = mu
+            out_cov[lo:hi] = np.einsum("bg,bgi,bgj->bij", r, d, d)
+        ok = np.isfinite(out_mean).all(axis=1) & np.isfinite(out_cov).all(axis=(1, 2))
+        ok[ok] &= np.linalg.eigvalsh(out_cov[ok]).min(axis=1) > 0
+        return out_mean, out_cov, ok
+
+
+def joint_update(f: BlackBoxFactor, state, sites: list[np.ndarray], method: JointQuadrature,
+                 info) -> tuple[np.ndarray, list[np.ndarray]]:
+    """New slot sites of a joint factor: ``(entries updated, [(len, 2) per slot])``.
+
+    The joint cavity is the joint marginal of the inputs less the joint site; instances
+    whose cavity is not positive definite are skipped (``info.skipped_improper_cavity``),
+    as EP skips an improper one-dimensional cavity, and those whose tilted moments are
+    not finite are left unanswered (``info.unanswered``).
+    """
+    slots = [f.inputs[i] for i in f.latent_inputs]
+    m = len(slots)
+    mu = np.stack([s.A @ state.mu + s.c for s in slots], axis=1)  # (B, m)
+    Z = np.stack([linalg.solve_triangular(state.chol, s.A.T, lower=True, check_finite=False) for s in slots])
+    C = np.einsum("jdb,kdb->bjk", Z, Z)  # joint marginal covariance, (B, m, m)
+    Lam, h = joint_site(sites, m)
+    eye = np.broadcast_to(np.eye(m), C.shape)
+    # natural parameters need the precision matrices themselves, not a solve against them
+    P = np.linalg.solve(C, eye)
+    P_cav = P - Lam
+    h_cav = np.einsum("bij,bj->bi", P, mu) - h
+    ok = np.linalg.eigvalsh(P_cav).min(axis=1) > 0
+    info.skipped_improper_cavity += int((~ok).sum())
+    idx = np.flatnonzero(ok)
+    if idx.size == 0:
+        return idx, []
+    C_cav = np.linalg.solve(P_cav[idx], eye[idx])
+    m_cav = np.einsum("bij,bj->bi", C_cav, h_cav[idx])
+    t_mean, t_cov, good = method(m_cav, 0.5 * (C_cav + np.swapaxes(C_cav, 1, 2)), idx)
+    info.unanswered += int((~good).sum())
+    P_t = np.linalg.solve(t_cov[good], eye[idx[good]])
+    Lam_new = P_t - P_cav[idx[good]]
+    h_new = np.einsum("bij,bj->bi", P_t, t_mean[good]) - h_cav[idx[good]]
+    return idx[good], slot_sites(Lam_new, h_new)
