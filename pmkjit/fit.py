@@ -217,7 +217,11 @@ def fit(
                 # A damped sweep moves a fraction ``step`` of the way: change / step estimates
                 # the distance still to go, so heavy damping cannot pass for convergence.
                 limit_step = step
-                done = info.max_change < tol * step
+                # A sweep that moved no site because every answer was refused (a tilted law
+                # the oracle could not resolve, an update that broke the posterior) changes
+                # nothing: that is a stall, not convergence.
+                stalled = info.updated == 0 and info.unanswered + info.rejected_updates > 0
+                done = info.max_change < tol * step and not stalled
                 # Sweeps are compared by that distance, not by their raw changes: a sweep
                 # after the step was doubled moves twice as far by design. Comparing raw
                 # changes called it an overshoot and halved the step again, a cycle between
@@ -623,6 +627,17 @@ def _inference_data(model, graph, state, draws, chains, rng,
         else:
             x = elements[v.name]
         posterior[v.name] = x.reshape((chains, draws) + v.shape)
+    for name in graph.ordered:
+        # EP's Gaussian for ordinal cutpoints has tails past their order, which only the
+        # likelihood imposes: say how many draws fell there rather than alter them
+        unordered = float(np.mean(np.any(np.diff(posterior[name], axis=-1) <= 0, axis=-1)))
+        if unordered > 0:
+            warnings.warn(
+                f"{name}: {unordered:.1%} of the posterior draws of these ordered cutpoints are out of order "
+                "(EP's Gaussian approximation puts that mass past their order); close cutpoints, or classes with "
+                "few observations, make it larger",
+                UserWarning, stacklevel=3,
+            )
     coords, dims = coords_and_dims_for_inferencedata(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -138,3 +138,88 @@ def test_class_probabilities_that_are_no_softmax_are_refused_naming_the_variable
         pm.Categorical("y", p=e / e.sum(), observed=np.array([0, 1, 2, 1]))
     with pytest.raises(UnsupportedModelError, match=r"^y: CategoricalRV .*p=pm.math.softmax"):
         pmkjit.fit(model=model, random_seed=1, progressbar=False)
+
+
+def _ordinal_data(n, rng, cut=(-0.8, 0.7), slope=1.2):
+    x = rng.normal(size=n)
+    y = np.searchsorted(np.asarray(cut), slope * x + rng.logistic(size=n))
+    return x, y
+
+
+def _ordinal_log_lik(kind, y, x, b, cuts):
+    """log P(y | b, cutpoints) summed over the data, on a grid: ``b`` and each cut of one shape."""
+    cdf = special.expit if kind == "logistic" else special.ndtr
+    shape = b.shape + x.shape
+    edges = ([np.zeros(shape)] + [cdf(c[..., None] - b[..., None] * x) for c in cuts] + [np.ones(shape)])
+    p = np.stack([hi - lo for lo, hi in zip(edges[:-1], edges[1:])], axis=-1)  # (..., N, K)
+    py = np.take_along_axis(p, np.broadcast_to(y[:, None], shape + (1,)), axis=-1)[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(py > 0, np.log(py), -np.inf).sum(axis=-1)
+
+
+def test_ordered_logistic_with_constant_cutpoints_matches_the_exact_posterior():
+    rng = np.random.default_rng(5)
+    x, y = _ordinal_data(80, rng)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 2)
+        pm.OrderedLogistic("y", eta=b * x, cutpoints=np.array([-0.8, 0.7]), observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    q = pmkjit.ep_posterior(idata)["b"]
+    g = np.linspace(-1.0, 4.0, 2001)
+    log_post = _ordinal_log_lik("logistic", y, x, g, [np.full_like(g, -0.8), np.full_like(g, 0.7)]) - g**2 / 8
+    mean, sd = _grid_posterior(log_post, [g])
+    assert abs(q.mean()[0] - mean[0]) < 0.03 * sd[0]
+    assert abs(np.sqrt(q.var()[0]) / sd[0] - 1) < 0.03
+    assert "y_probs" in idata.posterior  # PyMC's deterministic of the class probabilities
+
+
+@pytest.mark.parametrize("kind", ["logistic", "probit"])
+def test_ordinal_outcome_with_latent_ordered_cutpoints_matches_the_exact_posterior(kind):
+    """The cutpoints are real latents whose order the observations impose: each
+    observation's density is its own class's probability, zero where the two cutpoints
+    around its class are out of order (PyMC's is zero where any pair is)."""
+    rng = np.random.default_rng(6)
+    x, y = _ordinal_data(60, rng)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 2)
+        cut = pm.Normal("cut", mu=np.array([-1.0, 1.0]), sigma=2.0, shape=2,
+                        transform=pm.distributions.transforms.ordered)
+        dist = pm.OrderedLogistic if kind == "logistic" else pm.OrderedProbit
+        dist("y", eta=b * x, cutpoints=cut, observed=y, compute_p=False)
+    idata = pmkjit.fit(model=model, random_seed=2, progressbar=False)
+    assert idata.ep.attrs["converged"]
+    q = pmkjit.ep_posterior(idata)
+    gb, g1, g2 = np.linspace(-0.5, 3.5, 81), np.linspace(-3.0, 1.0, 81), np.linspace(-1.0, 3.0, 81)
+    B, C1, C2 = np.meshgrid(gb, g1, g2, indexing="ij")
+    log_post = (_ordinal_log_lik(kind, y, x, B, [C1, C2]) - B**2 / 8 - ((C1 + 1) ** 2 + (C2 - 1) ** 2) / 8)
+    log_post = np.where(C1 < C2, log_post, -np.inf)
+    mean, sd = _grid_posterior(log_post, [gb, g1, g2])
+    ep_mean = np.concatenate([q["b"].mean(), q["cut"].mean()])
+    ep_sd = np.sqrt(np.concatenate([q["b"].var(), q["cut"].var()]))
+    np.testing.assert_array_less(np.abs(ep_mean - mean) / sd, 0.06)
+    np.testing.assert_allclose(ep_sd / sd, 1.0, atol=0.06)
+
+
+def test_ordered_cutpoints_without_observations_between_them_are_refused():
+    rng = np.random.default_rng(7)
+    x, y = _ordinal_data(40, rng, cut=(-0.8, 0.0, 0.7))
+    y[y == 2] = 1  # class 2 empty: nothing orders the 2nd and 3rd cutpoints but their transform
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 2)
+        cut = pm.Normal("cut", mu=np.array([-1.0, 0.0, 1.0]), sigma=2.0, shape=3,
+                        transform=pm.distributions.transforms.ordered)
+        pm.OrderedLogistic("y", eta=b * x, cutpoints=cut, observed=y)
+    with pytest.raises(UnsupportedModelError, match=r"y: no observation is in class 2.*cut"):
+        build_factor_graph(model)
+
+
+def test_ordered_latent_read_by_another_variable_is_refused_naming_it():
+    rng = np.random.default_rng(8)
+    x, y = _ordinal_data(40, rng)
+    with pm.Model() as model:
+        cut = pm.Normal("cut", mu=np.array([-1.0, 1.0]), sigma=2.0, shape=2,
+                        transform=pm.distributions.transforms.ordered)
+        pm.OrderedLogistic("y", eta=x, cutpoints=cut, observed=y)
+        pm.Normal("z", cut[1] - cut[0], 1.0, observed=1.0)
+    with pytest.raises(UnsupportedModelError, match=r"cut has transform Ordered.*z also reads it"):
+        build_factor_graph(model)

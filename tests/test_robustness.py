@@ -690,14 +690,14 @@ def test_logistic_regression_on_an_uncentred_covariate_reaches_the_exact_posteri
     assert_ep_matches_grid(idata, logp, {"b0": g0, "b1": g1}, mean_tol=0.15)
 
 
-def test_an_ordered_logistic_outcome_is_refused_naming_it_as_categorical():
+def test_an_ordered_probit_with_another_sigma_is_refused_naming_the_ordinal_outcomes():
     # the error said "y: CategoricalRV is not an elementwise distribution", a name the user
-    # of pm.OrderedLogistic never wrote
+    # of pm.OrderedProbit never wrote; sigma=1 is read (tests/test_categorical.py)
     x = np.linspace(-1.0, 1.0, 12)
     with pm.Model() as model:
         b = pm.Normal("b", 0.0, 1.0)
-        pm.OrderedLogistic("y", eta=b * x, cutpoints=np.array([-1.0, 1.0]), observed=np.arange(12) % 3)
-    with pytest.raises(UnsupportedModelError, match=r"^y: CategoricalRV .*pm.OrderedLogistic"):
+        pm.OrderedProbit("y", eta=b * x, cutpoints=np.array([-1.0, 1.0]), sigma=2.0, observed=np.arange(12) % 3)
+    with pytest.raises(UnsupportedModelError, match=r"^y: CategoricalRV .*pm.OrderedProbit \(sigma=1\)"):
         build_factor_graph(model)
 
 

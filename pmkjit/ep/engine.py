@@ -57,6 +57,8 @@ class EPInfo:
         Largest change of a posterior mean (in sds) or log sd over the sweep.
     skipped_improper_cavity, damping_halvings, rejected_updates, unanswered : int
         Guard events of the sweep.
+    updated : int
+        Factor instances whose sites the sweep moved.
     seconds : dict
         Time in each part (cavity, tilted moments, site update).
     variance : dict of str to ndarray (size, n_outputs)
@@ -76,6 +78,7 @@ class EPInfo:
     damping_halvings: int = 0
     rejected_updates: int = 0
     unanswered: int = 0
+    updated: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     variance: dict[str, np.ndarray] = field(default_factory=dict)
     asked: dict[str, np.ndarray] = field(default_factory=dict)
@@ -360,6 +363,7 @@ def _damped_update(graph: FactorGraph, prior: _Prior, sites: list, state: EPStat
             trial[fi][k] = upd
         candidate = _posterior(graph, prior, trial, jitter=False)
         if candidate is not None and _proper_elements(graph, candidate):
+            info.updated += int(use.size)
             return trial, candidate
         info.damping_halvings += 1
         step *= 0.5

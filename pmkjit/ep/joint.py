@@ -31,9 +31,10 @@ __all__ = ["JointQuadrature", "joint_update"]
 # Gauss-Hermite nodes per dimension: a grid of a few thousand nodes at most. The
 # likelihood is bounded and smooth (a softmax), so the tilted law is the cavity reweighted
 # by a bounded factor and a grid in the cavity's frame resolves it.
-_NODES = {1: 64, 2: 32, 3: 16, 4: 9, 5: 6, 6: 5}
+_NODES = {1: 64, 2: 32, 3: 16, 4: 7, 5: 6, 6: 5}
 _MAX_GRID_DIMS = max(_NODES)
 _CHUNK = 2_000_000  # grid points x instances evaluated at once
+_MIN_RESOLVED = 0.05  # least effective number of nodes, relative to the grid's own, of an answer
 
 
 def _pairs(m: int) -> list[tuple[int, int]]:
@@ -103,38 +104,73 @@ class JointQuadrature:
         return self.rng.standard_normal((self.n_samples, m)), np.full(self.n_samples, -np.log(self.n_samples))
 
     def __call__(self, mean: np.ndarray, cov: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Tilted ``(mean, cov, ok)`` for instances ``idx`` with cavity ``N(mean, cov)`` (``(b, m)``, ``(b, m, m)``)."""
+        """Tilted ``(mean, cov, ok)`` for instances ``idx`` with cavity ``N(mean, cov)`` (``(b, m)``, ``(b, m, m)``).
+
+        Two passes: the grid in the cavity's frame locates the tilted law, and a second
+        grid in the frame of those moments computes them, the cavity's density entering
+        the weights (a frame wider than the first pass's moments put its nodes where the
+        integrand is not polynomial in them: sds 1.4% low at 1.5 times, 7 nodes a side). A broad cavity against a sharp likelihood
+        (an early sweep, or cutpoints whose order cuts the cavity) leaves only a few nodes
+        of the first grid with weight, and its moments alone sent EP to a wrong fixed
+        point (an ordered probit's cutpoints 20 sds off with 7 nodes a side). An entry
+        whose second pass still rests on a few nodes (effective number below
+        ``_MIN_RESOLVED`` of the grid's own) is not answered.
+        """
         f = self.factor
         b, m = mean.shape
         self.n_calls += b
         Z, log_w = self._grid(m)
-        L = np.linalg.cholesky(cov)
+        ess_grid = 1.0 / np.sum(np.exp(2 * log_w))
+        P = np.linalg.solve(cov, np.broadcast_to(np.eye(m), cov.shape))
         out_mean, out_cov = np.empty((b, m)), np.empty((b, m, m))
-        latent = f.latent_inputs
+        ok = np.zeros(b, bool)
         rows = max(1, _CHUNK // Z.shape[0])
         for lo in range(0, b, rows):
-            hi = min(b, lo + rows)
-            x = mean[lo:hi, None, :] + np.einsum("bij,gj->bgi", L[lo:hi], Z)  # (c, G, m)
-            sel = idx[lo:hi, None]
-            ins = []
-            for i, s in enumerate(f.inputs):
-                if isinstance(s, DataSlot):
-                    ins.append(np.broadcast_to(s.values[sel], x.shape[:2]))
-                else:
-                    ins.append(x[..., latent.index(i)])
-            y = np.broadcast_to(f.observed[sel], x.shape[:2])
-            with np.errstate(all="ignore"):
-                lp = log_w + f.logp(y, tuple(ins))
-                lp = np.where(np.isnan(lp), -np.inf, lp)
-                r = np.exp(lp - lp.max(axis=1, keepdims=True))
-                r /= r.sum(axis=1, keepdims=True)
+            sl = slice(lo, min(b, lo + rows))
+            L = np.linalg.cholesky(cov[sl])
+            mu1, cov1, _ = self._moments(mean[sl], L, Z, log_w, idx[sl], None)
+            good = np.isfinite(mu1).all(axis=1) & np.isfinite(cov1).all(axis=(1, 2))
+            good[good] &= np.linalg.eigvalsh(cov1[good]).min(axis=1) > 0
+            frame = np.where(good[:, None, None], np.where(good[:, None, None], cov1, 1.0), cov[sl])
+            centre = np.where(good[:, None], mu1, mean[sl])
+            L2 = np.linalg.cholesky(frame)
+            mu2, cov2, ess = self._moments(centre, L2, Z, log_w, idx[sl], (mean[sl], P[sl]))
+            out_mean[sl], out_cov[sl] = mu2, cov2
+            ok[sl] = ess >= _MIN_RESOLVED * ess_grid
+        ok &= np.isfinite(out_mean).all(axis=1) & np.isfinite(out_cov).all(axis=(1, 2))
+        ok[ok] &= np.linalg.eigvalsh(out_cov[ok]).min(axis=1) > 0
+        self.n_fallback += int((~ok).sum())
+        return out_mean, out_cov, ok
+
+    def _moments(self, centre, L, Z, log_w, idx, cavity):
+        """Weighted mean, covariance and effective number of nodes on the grid ``centre + L Z``.
+
+        ``cavity=None``: the grid is in the cavity's own frame (its density is in the
+        Gauss-Hermite weights); else ``(mean, precision)`` of the cavity, whose density
+        relative to the frame's enters each node's weight.
+        """
+        f = self.factor
+        x = centre[:, None, :] + Z @ np.swapaxes(L, 1, 2)  # (c, G, m)
+        sel = idx[:, None]
+        ins = []
+        latent = f.latent_inputs
+        for i, s in enumerate(f.inputs):
+            ins.append(np.broadcast_to(s.values[sel], x.shape[:2]) if isinstance(s, DataSlot)
+                       else x[..., latent.index(i)])
+        y = np.broadcast_to(f.observed[sel], x.shape[:2])
+        with np.errstate(all="ignore"):
+            lp = log_w + f.logp(y, tuple(ins))
+            if cavity is not None:
+                d = x - cavity[0][:, None, :]
+                lp = lp - 0.5 * np.einsum("bgi,bij,bgj->bg", d, cavity[1], d) + 0.5 * np.sum(Z**2, axis=1)
+            lp = np.where(np.isnan(lp), -np.inf, lp)
+            r = np.exp(lp - lp.max(axis=1, keepdims=True))
+            r /= r.sum(axis=1, keepdims=True)
             mu = np.einsum("bg,bgi->bi", r, x)
             d = x - mu[:, None, :]
-            out_mean[lo:hi] = mu
-            out_cov[lo:hi] = np.einsum("bg,bgi,bgj->bij", r, d, d)
-        ok = np.isfinite(out_mean).all(axis=1) & np.isfinite(out_cov).all(axis=(1, 2))
-        ok[ok] &= np.linalg.eigvalsh(out_cov[ok]).min(axis=1) > 0
-        return out_mean, out_cov, ok
+            cov = np.swapaxes(d * r[..., None], 1, 2) @ d  # batched BLAS, not einsum's loops
+            ess = 1.0 / np.sum(r**2, axis=1)
+        return mu, cov, ess
 
 
 def joint_update(f: BlackBoxFactor, state, sites: list[np.ndarray], method: JointQuadrature,

@@ -164,6 +164,8 @@ class _Builder:
         self._support_logp: dict[str, list[np.ndarray]] | None = None
         # likelihoods whose entries may be split by _likelihood_entries
         self._splittable = {rv.name for rv in model.observed_RVs}
+        # ordered latents (cutpoints): name -> names of the ordinal likelihoods that order them
+        self._ordered: dict[str, set[str]] = {}
 
     # -------------------------------------------------------------- variables
     def build(self) -> FactorGraph:
@@ -199,7 +201,23 @@ class _Builder:
             self._prior(rv)
         for rv in model.observed_RVs:
             self._likelihood(rv)
+        self._check_ordered()
         return self.graph
+
+    def _check_ordered(self) -> None:
+        """Refuse an ordered latent whose order no factor imposes (see ``_family``)."""
+        for name, ordinal in self._ordered.items():
+            rv = self.rv_of[name]
+            readers = [r.name for r in self.model.basic_RVs
+                       if r is not rv and rv in latent_ancestors(r, [rv]) and r.name not in ordinal]
+            if readers or not ordinal:
+                raise UnsupportedModelError(
+                    f"{name} has transform Ordered, which pmkjit supports for the cutpoints of pm.OrderedLogistic "
+                    f"and pm.OrderedProbit likelihoods only (their density is zero where cutpoints are out of order); "
+                    + (f"{', '.join(readers)} also read{'s' if len(readers) == 1 else ''} it" if readers
+                       else "no such likelihood reads it")
+                )
+        self.graph.ordered = list(self._ordered)
 
     def _check_drawable(self, rv: Variable) -> None:
         """Refuse, before EP, a latent that nothing reads and that cannot be drawn from its prior."""
@@ -277,6 +295,14 @@ class _Builder:
             return Gaussian
         if tname == "ZeroSumTransform" and type(op).__name__ == "ZeroSumNormalRV":
             return Gaussian  # one zero-sum axis: more were refused with the matrix-valued latents above
+        if tname == "Ordered" and getattr(op, "ndim_supp", 0) == 0 and rv.ndim == 1:
+            # the cutpoints of an ordinal outcome: a real vector whose density is its
+            # distribution's on the ordered vectors. EP carries it in the Gaussian block; the
+            # ordinal likelihood, zero wherever two cutpoints it reads are out of order,
+            # imposes the order (checked in build: read only as cutpoints, every inner
+            # category observed)
+            self._ordered[name] = set()
+            return Gaussian
         if tname == "LogTransform":
             return Gamma
         if tname == "LogOddsTransform":
@@ -623,14 +649,18 @@ class _Builder:
             p = p.owner.inputs[0]
         node = p.owner
         axis = getattr(node.op, "axis", None) if node is not None else None
+        ordinal = _ordinal_parts(p)
+        if ordinal is not None:
+            self._ordinal(rv, y, mask, *ordinal)
+            return
         if (node is None or type(node.op).__name__ != "Softmax"
                 or (axis is not None and axis % p.ndim != p.ndim - 1)):
             # "CategoricalRV" first: pm.OrderedLogistic and pm.OrderedProbit build one too
             raise UnsupportedModelError(
                 f"{rv.name}: CategoricalRV with these class probabilities ({_label(p)}) is not supported: pmkjit "
                 "reads pm.Categorical with p=pm.math.softmax(eta, axis=-1) or logit_p=eta, eta affine in the "
-                "real-valued latents (multinomial logistic regression); ordinal outcomes (pm.OrderedLogistic, "
-                "pm.OrderedProbit) are not supported"
+                "real-valued latents (multinomial logistic regression), pm.OrderedLogistic and pm.OrderedProbit "
+                "(sigma=1)"
             )
         eta = node.inputs[0]
         K = eta.type.shape[-1]
@@ -644,11 +674,36 @@ class _Builder:
             y = y[mask]
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return  # constant class probabilities: a constant factor
+        self._joint_black_box(
+            rv, columns, y,
+            lambda flat: pt.special.softmax(pt.stack(flat, axis=-1), axis=-1),
+            lambda flat: pt.special.log_softmax(pt.stack(flat, axis=-1), axis=-1),  # no underflow to log(0)
+            what="class predictors",
+        )
+
+    def _joint_black_box(self, rv: Variable, columns: list, y: np.ndarray, make_p, log_p, what: str) -> None:
+        """A categorical likelihood of ``columns`` whose latent inputs share one joint Gaussian site.
+
+        ``make_p(flat)`` gives the class probabilities ``(n, K)`` from the flat inputs and
+        ``log_p(flat)`` their logarithms. The factor's log-density is ``log_p[y]`` alone,
+        ``-inf`` where it is not finite: PyMC's categorical density is ``-inf`` wherever
+        any class's probability is negative, which for ordinal cutpoints out of order cut
+        the tilted law along every cutpoint, also those the observation does not read, and
+        a grid cannot integrate such a jump (an ordered logit's cutpoints' tilted means 0.5
+        prior sd off); the order of each pair is imposed by the observations of the class
+        between them (``_ordinal`` checks that there are some).
+        """
+
         def categorical(flat: list) -> Variable:
-            return pm.Categorical.dist(p=pt.special.softmax(pt.stack(flat, axis=-1), axis=-1))
+            return pm.Categorical.dist(p=make_p(flat))
+
+        def logp(flat: list, value: Variable) -> Variable:
+            lp = pt.take_along_axis(log_p(flat), pt.cast(value, "int64")[:, None], axis=-1)[:, 0]
+            return pt.switch(pt.isnan(lp), -np.inf, lp)
 
         n_factors = len(self.graph.factors)
-        self._black_box(rv, columns, y.shape, kind="likelihood", observed=y.ravel(), make_dist=categorical)
+        self._black_box(rv, columns, y.shape, kind="likelihood", observed=y.ravel(), make_dist=categorical,
+                        make_logp=logp)
         if len(self.graph.factors) == n_factors:
             return
         f = self.graph.factors[-1]
@@ -657,13 +712,53 @@ class _Builder:
             return
         if not all(isinstance(s, LinearSlot) for s in slots):
             raise UnsupportedModelError(
-                f"{rv.name}: a pm.Categorical whose class predictors read a positive or unit-interval latent "
-                "directly is not supported; pmkjit needs each class's predictor affine in real-valued latents"
+                f"{rv.name}: a categorical outcome whose {what} read a positive or unit-interval latent is not "
+                "supported; pmkjit needs them affine in real-valued latents"
             )
-        # one joint Gaussian site per observation over the class predictors (pmkjit.ep.joint)
+        # one joint Gaussian site per observation over the inputs (pmkjit.ep.joint)
         f.pair_slots = [LinearSlot(a.A + b.A, a.c + b.c, f"{a.label} + {b.label}")
                         for a, b in itertools.combinations(slots, 2)]
-        f.description += f" (joint site over {len(slots)} class predictors)"
+        f.description += f" (joint site over {len(slots)} {what})"
+
+    def _ordinal(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None, eta: Variable,
+                 cutpoints: Variable, compute_p) -> None:
+        """``pm.OrderedLogistic`` or ``pm.OrderedProbit(eta, cutpoints)``: ``eta`` and each cutpoint are inputs.
+
+        With latent cutpoints the inputs share one joint site per observation, as a
+        softmax's class predictors do (``_categorical``): the outcome's probabilities
+        depend on the differences ``c_k - eta``.
+        """
+        from pytensor.graph.rewriting.utils import rewrite_graph
+
+        n_cut = cutpoints.type.shape[-1]
+        if n_cut is None:
+            n_cut = int(np.asarray(evaluate_constant(cutpoints.shape[-1])))
+        columns = [lift_indexing(eta)] + [
+            lift_indexing(rewrite_graph(cutpoints[..., k], include=("canonicalize",))) for k in range(n_cut)]
+        if mask is not None:
+            columns = [lift_indexing(_select(c, y.shape, mask)) for c in columns]
+            y = y[mask]
+        if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
+            return
+        for name in self._ordered:
+            if any(self.rv_of[name] in latent_ancestors(c, self.latent_rvs) for c in columns[1:]):
+                # cutpoints c_k < c_{k+1} are ordered by the observations of class k (1 <= k <= K - 2),
+                # whose probability F(c_{k+1} - eta) - F(c_k - eta) is negative otherwise
+                missing = sorted(set(range(1, n_cut)) - {int(v) for v in np.unique(y)})
+                if missing:
+                    raise UnsupportedModelError(
+                        f"{rv.name}: no observation is in class{'es' if len(missing) > 1 else ''} "
+                        f"{', '.join(map(str, missing))}, so nothing orders the cutpoints {name} around "
+                        f"{'them' if len(missing) > 1 else 'it'} but their prior's transform, which EP's "
+                        "Gaussian cannot carry; drop the empty classes or give the cutpoints as data"
+                    )
+                self._ordered[name].add(rv.name)
+
+        def ordinal_p(flat: list) -> Variable:
+            return compute_p(flat[0], pt.stack(flat[1:], axis=-1))
+
+        self._joint_black_box(rv, columns, y, ordinal_p, lambda flat: pt.log(ordinal_p(flat)),
+                              what="linear predictor and cutpoints")
 
     def _check_support(self, rv: Variable, y: np.ndarray) -> None:
         """Refuse observed values of zero density (outside the distribution's support).
@@ -953,12 +1048,15 @@ class _Builder:
         ))
         return True
 
-    def _black_box(self, rv, params, plate, *, kind: str, output=None, observed=None, make_dist=None) -> None:
+    def _black_box(self, rv, params, plate, *, kind: str, output=None, observed=None, make_dist=None,
+                   make_logp=None) -> None:
         """A black-box factor of ``rv`` whose parameters are ``params`` over ``plate``.
 
         ``make_dist(flat_params)`` builds the distribution from the parameters as flat
         vectors (default: ``rv``'s own, rebuilt); it lets a distribution whose parameters
         have a core dimension (a categorical's probabilities) be given elementwise inputs.
+        ``make_logp(flat_params, value)``, if given, is the factor's log-density graph
+        (default: PyMC's of that distribution).
         """
         op = rv.owner.op
         opname = type(op).__name__
@@ -1016,7 +1114,7 @@ class _Builder:
         else:
             try:
                 value = pt.vector("value", dtype=rv.dtype)
-                logp_graph = pm.logp(new_rv, value)
+                logp_graph = pm.logp(new_rv, value) if make_logp is None else make_logp(flat_params, value)
                 key_extra.append(logp_graph)
                 logp_fn = compile_function([value, *inputs], parameter_checks_to_ninf(logp_graph))
 
@@ -1460,6 +1558,52 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
         raise UnsupportedModelError(
             f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions){hint}"
         )
+
+
+def _ordinal_parts(p: Variable) -> tuple[Variable, Variable, object] | None:
+    """``(eta, cutpoints, compute_p)`` if ``p`` is an ordinal outcome's class probabilities, else None.
+
+    PyMC builds ``pm.OrderedLogistic``'s from ``sigmoid(cutpoints - eta[..., None])`` and
+    ``pm.OrderedProbit``'s from ``eta[..., None] - cutpoints`` (``compute_p`` of each). The
+    candidate operands are taken from the graph and the whole ``p`` is checked numerically
+    against ``compute_p`` of them at random values, so a look-alike graph is not mistaken
+    for one (an ``OrderedProbit`` with ``sigma`` other than 1 is not recognised).
+    """
+    from pymc.distributions.discrete import OrderedLogistic, OrderedProbit
+    from pytensor.graph.traversal import ancestors
+
+    def padded(v: Variable) -> Variable | None:
+        node = v.owner
+        if node is not None and isinstance(node.op, DimShuffle) and node.op.new_order[-1] == "x":
+            return node.inputs[0]
+        return None
+
+    candidates = []
+    for v in ancestors([p]):
+        node = v.owner
+        if node is None or not isinstance(node.op, Elemwise) or type(node.op.scalar_op).__name__ != "Sub":
+            continue
+        a, b = node.inputs
+        if padded(b) is not None:  # cutpoints - eta[..., None], under a sigmoid
+            candidates.append((padded(b), a, OrderedLogistic.compute_p))
+        if padded(a) is not None:  # eta[..., None] - cutpoints
+            candidates.append((padded(a), b, lambda e, c: OrderedProbit.compute_p(e, c, 1.0)))
+    rng = np.random.default_rng(0)
+    for eta, cutpoints, compute_p in candidates:
+        e, c = eta.type(), cutpoints.type()
+        try:
+            same = pytensor.clone_replace(p, {eta: e, cutpoints: c})
+            if any(a.owner is not None and isinstance(a.owner.op, RandomVariable) for a in ancestors([same])):
+                continue
+            f = compile_function([e, c], [same, compute_p(e, c)])
+            shape_e = tuple(1 if n is None else n for n in eta.type.shape)
+            shape_c = tuple(3 if n is None else n for n in cutpoints.type.shape)
+            got, want = f(rng.normal(size=shape_e), np.sort(rng.normal(size=shape_c), axis=-1))
+        except Exception:  # noqa: BLE001 - any failure means "not this candidate"
+            continue
+        if np.shape(got) == np.shape(want) and np.allclose(got, want):
+            return eta, cutpoints, compute_p
+    return None
 
 
 def _infinite_constant(var: Variable) -> bool:

@@ -250,6 +250,8 @@ class FactorGraph:
     predictive: list[str] = field(default_factory=list)
     # ZeroSumNormal latents, whose draws are projected onto sums of zero along the last axis
     zero_sum: list[str] = field(default_factory=list)
+    # latents with an ordered transform (ordinal cutpoints), ordered by their likelihoods
+    ordered: list[str] = field(default_factory=list)
 
     @property
     def element_variables(self) -> list[LatentVariable]:

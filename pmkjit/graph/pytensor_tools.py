@@ -152,6 +152,10 @@ def parameter_checks_to_ninf(logp: Variable) -> Variable:
             return None
         expr, *conds = node.inputs
         parts = [c for cond in conds for c in (conditions(cond) or [None])]
+        # a check on a parameter with a core axis (a categorical's probabilities, one row
+        # per entry) holds for an entry when it holds along that axis: applied to the whole
+        # batch, one sample's invalid row (ordinal cutpoints out of order) zeroed them all
+        parts = [pt.all(c, axis=-1) if c is not None and c.ndim == expr.ndim + 1 else c for c in parts]
         if any(c is None or not _follows_batch(c, expr) for c in parts):
             ok = pt.all([pt.all(c) for c in conds])
         else:
