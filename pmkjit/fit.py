@@ -428,7 +428,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             continue
         if f.joint:
             # class predictors with one joint site: a grid in the joint cavity, no operator
-            joint = JointQuadrature(f, sub, n_samples=min(n_samples, 20_000))
+            joint = JointQuadrature(f, sub, n_samples=min(n_samples, 4096))
             methods.append(joint)
             kjits.append(None)
             oracles.append(joint)

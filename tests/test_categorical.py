@@ -223,3 +223,32 @@ def test_ordered_latent_read_by_another_variable_is_refused_naming_it():
         pm.Normal("z", cut[1] - cut[0], 1.0, observed=1.0)
     with pytest.raises(UnsupportedModelError, match=r"cut has transform Ordered.*z also reads it"):
         build_factor_graph(model)
+
+
+def test_more_than_six_class_predictors_integrate_on_fixed_quasi_random_points():
+    """Above six joint inputs the product grid gives way to Sobol points, the same on
+    every call (fresh draws per sweep kept EP from converging)."""
+    K = 8
+    rng = np.random.default_rng(9)
+    y = rng.integers(0, K, 3)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 1, shape=K - 1)
+        pm.Categorical("y", logit_p=pm.math.concatenate([[0.0], a]), observed=y)
+    (f,) = build_factor_graph(model).factors
+    jq = JointQuadrature(f, np.random.default_rng(0), n_samples=4096)
+    mean = rng.normal(size=(3, K - 1))
+    cov = np.broadcast_to(0.5 * np.eye(K - 1) + 0.3, (3, K - 1, K - 1)).copy()
+    t_mean, t_cov, ok = jq(mean, cov, np.arange(3))
+    assert ok.all()
+    again = jq(mean, cov, np.arange(3))
+    np.testing.assert_array_equal(again[0], t_mean)  # deterministic within a fit
+    draws = rng.multivariate_normal(np.zeros(K - 1), cov[0], size=400_000)
+    for b in range(3):
+        x = mean[b] + draws
+        logits = np.concatenate([np.zeros((len(x), 1)), x], axis=1)
+        w = np.exp(special.log_softmax(logits, axis=1)[:, y[b]])
+        w /= w.sum()
+        mu = w @ x
+        sd = np.sqrt(w @ (x - mu) ** 2)
+        np.testing.assert_allclose(t_mean[b], mu, atol=0.03 * sd.max())
+        np.testing.assert_allclose(np.sqrt(np.diagonal(t_cov[b])), sd, rtol=0.03)

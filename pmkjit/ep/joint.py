@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from scipy import linalg
+from scipy import linalg, stats
 
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
 
@@ -80,10 +80,10 @@ class JointQuadrature:
     factor : BlackBoxFactor
         A likelihood whose latent inputs are linear slots and which has a log-density.
     rng : numpy.random.Generator
-        Used only above six latent inputs, where the grid gives way to ``n_samples``
-        draws from the cavity (importance sampling).
+        Used only above six latent inputs, where the product grid gives way to
+        ``n_samples`` scrambled Sobol points (rounded up to a power of 2), scrambled once.
     n_samples : int
-        Draws per instance in that case.
+        Quasi-Monte Carlo points in that case.
     """
 
     kind = "joint quadrature"
@@ -94,14 +94,25 @@ class JointQuadrature:
         self.n_samples = int(n_samples)
         self.n_calls = 0
         self.n_fallback = 0
+        self._qmc: dict[int, np.ndarray] = {}
 
     def _grid(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Standard-normal nodes ``(G, m)`` and log weights ``(G,)``, the same on every call."""
         if m <= _MAX_GRID_DIMS:
             z, w = np.polynomial.hermite_e.hermegauss(_NODES[m])
             Z = np.stack(np.meshgrid(*([z] * m), indexing="ij"), axis=-1).reshape(-1, m)
             W = np.prod(np.stack(np.meshgrid(*([w] * m), indexing="ij"), axis=-1).reshape(-1, m), axis=1)
             return Z, np.log(W / W.sum())
-        return self.rng.standard_normal((self.n_samples, m)), np.full(self.n_samples, -np.log(self.n_samples))
+        if m not in self._qmc:
+            # A product grid has too many nodes here: scrambled Sobol points mapped to normals,
+            # drawn once, so every sweep integrates with the same nodes. Fresh Monte Carlo
+            # draws per call kept EP from converging (8 classes, N = 300: 50 sweeps, 167 s,
+            # sds up to 2.1 times NUTS's).
+            n = 2 ** int(np.ceil(np.log2(self.n_samples)))
+            u = stats.qmc.Sobol(d=m, scramble=True, seed=self.rng).random(n)
+            self._qmc[m] = stats.norm.ppf(u)
+        Z = self._qmc[m]
+        return Z, np.full(Z.shape[0], -np.log(Z.shape[0]))
 
     def __call__(self, mean: np.ndarray, cov: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Tilted ``(mean, cov, ok)`` for instances ``idx`` with cavity ``N(mean, cov)`` (``(b, m)``, ``(b, m, m)``).
