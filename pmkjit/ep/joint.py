@@ -13,8 +13,10 @@ assembled: a symmetric ``m x m`` precision ``Lam`` equals
 
 so the site lives on the inputs' own slots and on one slot ``eta_i + eta_j`` per pair
 (:attr:`pmkjit.graph.BlackBoxFactor.pair_slots`), each an ordinary rank-one site.
-The tilted moments come from a tensor Gauss-Hermite grid in the cavity's own frame
-(Cholesky of its covariance), with the factor's PyMC log-density at the nodes.
+The tilted moments come from a tensor Gauss-Hermite grid (scrambled Sobol points above
+six inputs) in two passes, in the cavity's frame and then in the frame of the tilted
+moments the first pass found, with the factor's log-density (the observed class's log
+probability) at the nodes.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
 __all__ = ["JointQuadrature", "joint_update"]
 
 # Gauss-Hermite nodes per dimension: a grid of a few thousand nodes at most. The
-# likelihood is bounded and smooth (a softmax), so the tilted law is the cavity reweighted
-# by a bounded factor and a grid in the cavity's frame resolves it.
+# likelihood is bounded and continuous (a class probability), so the tilted law is the
+# cavity reweighted by a bounded factor, which a grid in its own frame resolves.
 _NODES = {1: 64, 2: 32, 3: 16, 4: 7, 5: 6, 6: 5}
 _MAX_GRID_DIMS = max(_NODES)
 _CHUNK = 2_000_000  # grid points x instances evaluated at once
@@ -88,7 +90,7 @@ class JointQuadrature:
 
     kind = "joint quadrature"
 
-    def __init__(self, factor: BlackBoxFactor, rng: np.random.Generator, n_samples: int = 20_000):
+    def __init__(self, factor: BlackBoxFactor, rng: np.random.Generator, n_samples: int = 4096):
         self.factor = factor
         self.rng = rng
         self.n_samples = int(n_samples)
@@ -119,13 +121,14 @@ class JointQuadrature:
 
         Two passes: the grid in the cavity's frame locates the tilted law, and a second
         grid in the frame of those moments computes them, the cavity's density entering
-        the weights (a frame wider than the first pass's moments put its nodes where the
-        integrand is not polynomial in them: sds 1.4% low at 1.5 times, 7 nodes a side). A broad cavity against a sharp likelihood
-        (an early sweep, or cutpoints whose order cuts the cavity) leaves only a few nodes
-        of the first grid with weight, and its moments alone sent EP to a wrong fixed
-        point (an ordered probit's cutpoints 20 sds off with 7 nodes a side). An entry
-        whose second pass still rests on a few nodes (effective number below
-        ``_MIN_RESOLVED`` of the grid's own) is not answered.
+        the weights. A broad cavity against a sharp likelihood (an early sweep, or
+        cutpoints whose order cuts the cavity) leaves only a few nodes of the first grid
+        with weight, and its moments alone sent EP to a wrong fixed point (an ordered
+        probit's cutpoints 20 sds off with 7 nodes a side). A frame wider than the first
+        pass's moments puts the nodes where the integrand is not polynomial in them (sds
+        1.4% low at 1.5 times, 7 nodes a side). An entry whose second pass still rests on
+        a few nodes (effective number below ``_MIN_RESOLVED`` of the grid's own) is not
+        answered.
         """
         f = self.factor
         b, m = mean.shape
@@ -142,7 +145,7 @@ class JointQuadrature:
             mu1, cov1, _ = self._moments(mean[sl], L, Z, log_w, idx[sl], None)
             good = np.isfinite(mu1).all(axis=1) & np.isfinite(cov1).all(axis=(1, 2))
             good[good] &= np.linalg.eigvalsh(cov1[good]).min(axis=1) > 0
-            frame = np.where(good[:, None, None], np.where(good[:, None, None], cov1, 1.0), cov[sl])
+            frame = np.where(good[:, None, None], cov1, cov[sl])
             centre = np.where(good[:, None], mu1, mean[sl])
             L2 = np.linalg.cholesky(frame)
             mu2, cov2, ess = self._moments(centre, L2, Z, log_w, idx[sl], (mean[sl], P[sl]))

@@ -649,12 +649,13 @@ class _Builder:
             p = p.owner.inputs[0]
         node = p.owner
         axis = getattr(node.op, "axis", None) if node is not None else None
-        ordinal = _ordinal_parts(p)
+        softmax = (node is not None and type(node.op).__name__ == "Softmax"
+                   and (axis is None or axis % p.ndim == p.ndim - 1))
+        ordinal = None if softmax else _ordinal_parts(p)
         if ordinal is not None:
             self._ordinal(rv, y, mask, *ordinal)
             return
-        if (node is None or type(node.op).__name__ != "Softmax"
-                or (axis is not None and axis % p.ndim != p.ndim - 1)):
+        if not softmax:
             # "CategoricalRV" first: pm.OrderedLogistic and pm.OrderedProbit build one too
             raise UnsupportedModelError(
                 f"{rv.name}: CategoricalRV with these class probabilities ({_label(p)}) is not supported: pmkjit "
