@@ -318,6 +318,10 @@ class _Builder:
                 # upper=np.where(censored, t, np.inf): an infinite entry is no bound for that
                 # observation, which PyMC's censored density reads as such; NaN is still refused
                 _finite(np.where(np.isinf(value), 0.0, value), owner, var)
+                # as 1e150, the same density for any observation below it: the importance
+                # oracle takes data as point masses, refuses infinite ones and rejects an
+                # entry whose point mass has no finite second moment (the largest float)
+                value = np.where(np.isinf(value), np.copysign(_NO_BOUND, value), value)
             else:
                 value = _finite(value, owner, var)
             if value.size == 1:
@@ -1392,6 +1396,9 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
         raise UnsupportedModelError(
             f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions){hint}"
         )
+
+
+_NO_BOUND = 1e150  # an infinite censoring bound as data (its square is finite)
 
 
 def _infinite_constant(var: Variable) -> bool:
