@@ -318,10 +318,11 @@ class _Builder:
                 # upper=np.where(censored, t, np.inf): an infinite entry is no bound for that
                 # observation, which PyMC's censored density reads as such; NaN is still refused
                 _finite(np.where(np.isinf(value), 0.0, value), owner, var)
-                # as 1e150, the same density for any observation below it: the importance
-                # oracle takes data as point masses, refuses infinite ones and rejects an
-                # entry whose point mass has no finite second moment (the largest float)
-                value = np.where(np.isinf(value), np.copysign(_NO_BOUND, value), value)
+                if value.size > 1:
+                    # data, as 1e150: the same density for any observation below it; the
+                    # importance oracle takes data as point masses, refuses infinite ones
+                    # and rejects an entry whose point mass has no finite second moment
+                    value = np.clip(np.asarray(value, dtype=float), -_NO_BOUND, _NO_BOUND)
             else:
                 value = _finite(value, owner, var)
             if value.size == 1:
