@@ -287,9 +287,15 @@ class _Builder:
                 return Beta
             if lower is not None and upper is None and np.all(lower == 0):
                 return Gamma
+            where = (f"({_bound(lower, -np.inf)}, {_bound(upper, np.inf)}), an interval other than (0, 1) or (0, inf)"
+                     if all(b is None or b.size == 1 for b in (lower, upper)) else "an interval other than (0, 1) or (0, inf)")
             raise UnsupportedModelError(
-                f"{name} lives on an interval other than (0, 1) or (0, inf); rescale it to (0, 1) "
-                "(e.g. a Beta or Uniform(0, 1) variable and a Deterministic)"
+                f"{name} lives on {where}; "
+                + ("rescale it to (0, 1) (e.g. a Beta or Uniform(0, 1) variable and a Deterministic)"
+                   if lower is not None and upper is not None else
+                   "write it as its bound plus or minus a positive latent, in a Deterministic")
+                + ("; for a scale, a HalfNormal, Exponential or HalfCauchy prior is the usual choice"
+                   if lower is not None and np.all(lower == 0) else "")
             )
         what = _TRANSFORM_CONSTRUCTORS.get(tname)
         raise UnsupportedModelError(
@@ -1397,6 +1403,11 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
         raise UnsupportedModelError(
             f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions){hint}"
         )
+
+
+def _bound(value: np.ndarray | None, default: float) -> str:
+    """A scalar interval bound as printed in a message (``default`` where there is none)."""
+    return f"{float(default if value is None else value.reshape(())):g}"
 
 
 _NO_BOUND = 1e150  # an infinite censoring bound as data (its square is finite)
