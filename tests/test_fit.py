@@ -347,6 +347,16 @@ def test_unsupported_models_name_the_variable(build, match):
         pmkjit.fit(model=model, progressbar=False)
 
 
+def test_a_uniform_scale_is_refused_naming_its_interval_and_a_scale_prior():
+    # robustness round 13: the habit sigma ~ pm.Uniform(0, 10) was told "lives on an interval
+    # other than (0, 1) or (0, inf)" without the interval, and pointed only to rescaling
+    with pm.Model() as model:
+        s = pm.Uniform("sigma", 0.0, 10.0)
+        pm.Normal("y", 0.0, s, observed=np.ones(3))
+    with pytest.raises(UnsupportedModelError, match=r"sigma lives on \(0, 10\).*HalfNormal"):
+        pmkjit.fit(model=model, progressbar=False)
+
+
 def test_non_elementwise_dependence_is_refused():
     with pm.Model() as model:
         w = pm.Normal("w", 0.0, 1.0, shape=4)

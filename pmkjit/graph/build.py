@@ -115,7 +115,7 @@ _OF_DISTRIBUTIONS = {
 _TRANSFORM_CONSTRUCTORS = {
     "CholeskyCovPacked": "a covariance from pm.LKJCholeskyCov",
     "SimplexTransform": "a simplex from pm.Dirichlet",
-    "Ordered": "an ordered vector (transform=pm.distributions.transforms.ordered)",
+    "Ordered": "an ordered array other than a vector of ordinal cutpoints (transform=ordered)",
     "ZeroSumTransform": "a pm.ZeroSumNormal over several axes",
 }
 
@@ -314,9 +314,15 @@ class _Builder:
                 return Beta
             if lower is not None and upper is None and np.all(lower == 0):
                 return Gamma
+            where = (f"({_bound(lower, -np.inf)}, {_bound(upper, np.inf)}), an interval other than (0, 1) or (0, inf)"
+                     if all(b is None or b.size == 1 for b in (lower, upper)) else "an interval other than (0, 1) or (0, inf)")
             raise UnsupportedModelError(
-                f"{name} lives on an interval other than (0, 1) or (0, inf); rescale it to (0, 1) "
-                "(e.g. a Beta or Uniform(0, 1) variable and a Deterministic)"
+                f"{name} lives on {where}; "
+                + ("rescale it to (0, 1) (e.g. a Beta or Uniform(0, 1) variable and a Deterministic)"
+                   if lower is not None and upper is not None else
+                   "write it as its bound plus or minus a positive latent, in a Deterministic")
+                + ("; for a scale, a HalfNormal, Exponential or HalfCauchy prior is the usual choice"
+                   if lower is not None and np.all(lower == 0) else "")
             )
         what = _TRANSFORM_CONSTRUCTORS.get(tname)
         raise UnsupportedModelError(
@@ -345,6 +351,11 @@ class _Builder:
                 # upper=np.where(censored, t, np.inf): an infinite entry is no bound for that
                 # observation, which PyMC's censored density reads as such; NaN is still refused
                 _finite(np.where(np.isinf(value), 0.0, value), owner, var)
+                if value.size > 1:
+                    # data, as 1e150: the same density for any observation below it; the
+                    # importance oracle takes data as point masses, refuses infinite ones
+                    # and rejects an entry whose point mass has no finite second moment
+                    value = np.clip(np.asarray(value, dtype=float), -_NO_BOUND, _NO_BOUND)
             else:
                 value = _finite(value, owner, var)
             if value.size == 1:
@@ -1605,6 +1616,14 @@ def _ordinal_parts(p: Variable) -> tuple[Variable, Variable, object] | None:
         if np.shape(got) == np.shape(want) and np.allclose(got, want):
             return eta, cutpoints, compute_p
     return None
+
+
+def _bound(value: np.ndarray | None, default: float) -> str:
+    """A scalar interval bound as printed in a message (``default`` where there is none)."""
+    return f"{float(default if value is None else value.reshape(())):g}"
+
+
+_NO_BOUND = 1e150  # an infinite censoring bound as data (its square is finite)
 
 
 def _infinite_constant(var: Variable) -> bool:
