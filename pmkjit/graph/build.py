@@ -706,6 +706,18 @@ class _Builder:
         between them (``_ordinal`` checks that there are some).
         """
 
+        # every column is one class's predictor (a softmax) or the linear predictor and the
+        # cutpoints (an ordinal outcome: one class more than cutpoints): K classes either way
+        K = len(columns)
+        bad = (y < 0) | (y > K - 1) | (y != np.round(y))
+        if bad.any():
+            # PyMC's density is -inf there (pm.sample refuses the model); the factor's
+            # log p[y] read class K as an index error and class -1 as the last class
+            raise UnsupportedModelError(
+                f"{rv.name}: the observed value {y.ravel()[np.flatnonzero(bad.ravel())[0]]:g} ({int(bad.sum())} of "
+                f"{y.size} entries) is not a class of this outcome (0 to {K - 1}); pm.sample refuses it too"
+            )
+
         def categorical(flat: list) -> Variable:
             return pm.Categorical.dist(p=make_p(flat))
 
