@@ -26,6 +26,7 @@ from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
 from pmkjit.ep.methods import FactorOracle, KJITMethod, quadrature_possible
 from pmkjit.ep.joint import JointQuadrature
 from pmkjit.ep.normal_scale import NormalScaleMethod
+from pmkjit.ep.truncation import PositiveMethod
 from pmkjit.ep.engine import EPInfo
 from pmkjit.ep.store import OperatorStore
 from pmkjit.errors import UnsupportedModelError
@@ -421,10 +422,11 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
     for f in graph.factors:
         sub = np.random.default_rng(rng.integers(2**63 - 1))
         if f.analytic is not None:
-            semi = NormalScaleMethod("scale" if f.analytic == "normal-scale" else "precision")
+            semi = (PositiveMethod() if f.analytic == "positive" else
+                    NormalScaleMethod("scale" if f.analytic == "normal-scale" else "precision"))
             methods.append(semi)
             kjits.append(None)
-            oracles.append(_NoOracle())
+            oracles.append(_NoOracle("exact" if f.analytic == "positive" else "semi-analytic"))
             continue
         if f.joint:
             # class predictors with one joint site: a grid in the joint cavity, no operator
@@ -565,14 +567,17 @@ def shares_a_latent(factor, min_instances: int = _SHARED_INSTANCES) -> bool:
 
 def _method_label(kjit, oracle) -> str:
     if isinstance(oracle, _NoOracle):
-        return "semi-analytic"
+        return oracle.label
     return f"kjit ({oracle.kind} oracle)" if kjit is not None else oracle.kind
 
 
 class _NoOracle:
-    """Stands in the per-factor oracle list for semi-analytic factors (never called)."""
+    """Stands in the per-factor oracle list for (semi-)analytic factors (never called)."""
 
     n_calls = 0
+
+    def __init__(self, label: str):
+        self.label = label
 
 
 class _progress:
@@ -628,14 +633,15 @@ def _inference_data(model, graph, state, draws, chains, rng,
             x = elements[v.name]
         posterior[v.name] = x.reshape((chains, draws) + v.shape)
     for name in graph.ordered:
-        # EP's Gaussian for ordinal cutpoints has tails past their order, which only the
-        # likelihood imposes: say how many draws fell there rather than alter them
+        # EP's Gaussian for an ordered vector has tails past its order: say how many draws
+        # fell there rather than alter them
         unordered = float(np.mean(np.any(np.diff(posterior[name], axis=-1) <= 0, axis=-1)))
         if unordered > 0:
             warnings.warn(
-                f"{name}: {unordered:.1%} of the posterior draws of these ordered cutpoints are out of order "
-                "(EP's Gaussian approximation puts that mass past their order); close cutpoints, or classes with "
-                "few observations, make it larger",
+                f"{name}: {unordered:.1%} of the posterior draws of this ordered vector are out of order (EP's "
+                "Gaussian approximation puts that mass past their order, which its order factors impose on the "
+                "moments only); entries whose order the data leave uncertain, such as the cutpoints around a class "
+                "with few observations, make it larger",
                 UserWarning, stacklevel=3,
             )
     coords, dims = coords_and_dims_for_inferencedata(model)

@@ -115,7 +115,7 @@ _OF_DISTRIBUTIONS = {
 _TRANSFORM_CONSTRUCTORS = {
     "CholeskyCovPacked": "a covariance from pm.LKJCholeskyCov",
     "SimplexTransform": "a simplex from pm.Dirichlet",
-    "Ordered": "an ordered array other than a vector of ordinal cutpoints (transform=ordered)",
+    "Ordered": "an ordered array other than a vector (transform=ordered)",
     "ZeroSumTransform": "a pm.ZeroSumNormal over several axes",
 }
 
@@ -164,8 +164,8 @@ class _Builder:
         self._support_logp: dict[str, list[np.ndarray]] | None = None
         # likelihoods whose entries may be split by _likelihood_entries
         self._splittable = {rv.name for rv in model.observed_RVs}
-        # ordered latents (cutpoints): name -> names of the ordinal likelihoods that order them
-        self._ordered: dict[str, set[str]] = {}
+        # latents with an ordered transform (ordinal cutpoints), in the order met
+        self._ordered: list[str] = []
 
     # -------------------------------------------------------------- variables
     def build(self) -> FactorGraph:
@@ -199,25 +199,41 @@ class _Builder:
         ]
         for rv in fitted:
             self._prior(rv)
+            if rv.name in self._ordered:
+                self._order_factor(rv)
         for rv in model.observed_RVs:
             self._likelihood(rv)
-        self._check_ordered()
+        self.graph.ordered = list(self._ordered)
         return self.graph
 
-    def _check_ordered(self) -> None:
-        """Refuse an ordered latent whose order no factor imposes (see ``_family``)."""
-        for name, ordinal in self._ordered.items():
-            rv = self.rv_of[name]
-            readers = [r.name for r in self.model.basic_RVs
-                       if r is not rv and rv in latent_ancestors(r, [rv]) and r.name not in ordinal]
-            if readers or not ordinal:
-                raise UnsupportedModelError(
-                    f"{name} has transform Ordered, which pmkjit supports for the cutpoints of pm.OrderedLogistic "
-                    f"and pm.OrderedProbit likelihoods only (their density is zero where cutpoints are out of order); "
-                    + (f"{', '.join(readers)} also read{'s' if len(readers) == 1 else ''} it" if readers
-                       else "no such likelihood reads it")
-                )
-        self.graph.ordered = list(self._ordered)
+    def _order_factor(self, rv: Variable) -> None:
+        """The order of an ordered vector: a factor ``1[x[k+1] - x[k] > 0]`` per neighbouring pair.
+
+        The transform restricts the prior's density to the ordered vectors; these factors
+        are that restriction, with exact tilted moments (``pmkjit.ep.truncation``).
+        """
+        var = self.variables[rv.name]
+        n = var.size - 1
+        if n < 1:
+            return
+        A = np.zeros((n, self.graph.n_theta))
+        k = np.arange(n)
+        A[k, var.offset + k + 1] = 1.0
+        A[k, var.offset + k] = -1.0
+
+        def no_sampler(ins, rng):  # never called: the factor's moments are exact
+            raise RuntimeError("an order constraint has no forward sampler")
+
+        def logp(x, ins):
+            return np.where(np.asarray(ins[0]) > 0, 0.0, -np.inf)
+
+        self.graph.factors.append(BlackBoxFactor(
+            name=f"{rv.name} (order)", kind="likelihood",
+            inputs=[LinearSlot(A, np.zeros(n), f"{rv.name}[k+1] - {rv.name}[k]")],
+            sampler=no_sampler, logp=logp, density_source="pymc", key=f"order-{rv.name}",
+            description=f"{rv.name}: order of its {var.size} entries (exact truncation)",
+            observed=np.zeros(n), size=n, analytic="positive",
+        ))
 
     def _check_drawable(self, rv: Variable) -> None:
         """Refuse, before EP, a latent that nothing reads and that cannot be drawn from its prior."""
@@ -296,12 +312,10 @@ class _Builder:
         if tname == "ZeroSumTransform" and type(op).__name__ == "ZeroSumNormalRV":
             return Gaussian  # one zero-sum axis: more were refused with the matrix-valued latents above
         if tname == "Ordered" and getattr(op, "ndim_supp", 0) == 0 and rv.ndim == 1:
-            # the cutpoints of an ordinal outcome: a real vector whose density is its
-            # distribution's on the ordered vectors. EP carries it in the Gaussian block; the
-            # ordinal likelihood, zero wherever two cutpoints it reads are out of order,
-            # imposes the order (checked in build: read only as cutpoints, every inner
-            # category observed)
-            self._ordered[name] = set()
+            # a real vector (the cutpoints of an ordinal outcome) whose density is its
+            # distribution's on the ordered vectors: EP carries it in the Gaussian block and
+            # the order as factors of its own (_order_factor)
+            self._ordered.append(name)
             return Gaussian
         if tname == "LogTransform":
             return Gamma
@@ -702,8 +716,8 @@ class _Builder:
         any class's probability is negative, which for ordinal cutpoints out of order cut
         the tilted law along every cutpoint, also those the observation does not read, and
         a grid cannot integrate such a jump (an ordered logit's cutpoints' tilted means 0.5
-        prior sd off); the order of each pair is imposed by the observations of the class
-        between them (``_ordinal`` checks that there are some).
+        prior sd off); latent cutpoints are kept in order by factors of their own
+        (``_order_factor``).
         """
 
         # every column is one class's predictor (a softmax) or the linear predictor and the
@@ -764,19 +778,6 @@ class _Builder:
             y = y[mask]
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return
-        for name in self._ordered:
-            if any(self.rv_of[name] in latent_ancestors(c, self.latent_rvs) for c in columns[1:]):
-                # cutpoints c_k < c_{k+1} are ordered by the observations of class k (1 <= k <= K - 2),
-                # whose probability F(c_{k+1} - eta) - F(c_k - eta) is negative otherwise
-                missing = sorted(set(range(1, n_cut)) - {int(v) for v in np.unique(y)})
-                if missing:
-                    raise UnsupportedModelError(
-                        f"{rv.name}: no observation is in class{'es' if len(missing) > 1 else ''} "
-                        f"{', '.join(map(str, missing))}, so nothing orders the cutpoints {name} around "
-                        f"{'them' if len(missing) > 1 else 'it'} but their prior's transform, which EP's "
-                        "Gaussian cannot carry; drop the empty classes or give the cutpoints as data"
-                    )
-                self._ordered[name].add(rv.name)
 
         def ordinal_p(flat: list) -> Variable:
             return compute_p(flat[0], pt.stack(flat[1:], axis=-1))

@@ -157,7 +157,9 @@ class BlackBoxFactor:
         ``"deterministic"``.
     analytic : str, optional
         ``"normal-scale"`` or ``"normal-precision"``: a Normal factor with a latent scale
-        (or precision) and a linear mean, whose tilted moments are semi-analytic.
+        (or precision) and a linear mean, whose tilted moments are semi-analytic;
+        ``"positive"``: the indicator ``1[d > 0]`` of its one linear slot (the order of an
+        ordered vector), whose tilted moments are a truncated normal's.
     from_prior : bool
         The factor is a latent's prior rewritten as a likelihood (its residual is the
         slot); EP initialises its site from the prior.
