@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pymc as pm
 import pytest
@@ -329,3 +331,30 @@ def test_truncated_moments_are_stable_far_in_either_tail():
     np.testing.assert_allclose(m[~ok] * a[~ok], 1.0, rtol=2e-3)
     np.testing.assert_allclose(v[~ok] * a[~ok] ** 2, 1.0, rtol=6e-3)
     assert np.all(v > 0)
+
+
+def test_missing_classes_are_drawn_from_their_predictive_and_leave_the_rest_unchanged():
+    rng = np.random.default_rng(10)
+    n = 60
+    x = rng.normal(size=n)
+    y = rng.integers(0, 3, n).astype(float)
+    y[[2, 9, 31]] = np.nan  # PyMC imputes them: y_observed reads p[observed rows]
+    keep = ~np.isnan(y)
+
+    def model(xs, ys):
+        with pm.Model() as m:
+            a = pm.Normal("a", 0, 1, shape=2)
+            b = pm.Normal("b", 0, 1, shape=2)
+            eta = pm.math.concatenate([pm.math.zeros((len(ys), 1)), a + xs[:, None] * b], axis=1)
+            pm.Categorical("y", logit_p=eta, observed=ys)
+        return m
+
+    with warnings.catch_warnings():  # PyMC's ImputationWarning and its cast of NaN to int
+        warnings.simplefilter("ignore")
+        m_nan = model(x, y)
+    full = pmkjit.fit(model=m_nan, random_seed=1, progressbar=False)
+    complete = pmkjit.fit(model=model(x[keep], y[keep].astype(int)), random_seed=1, progressbar=False)
+    for name in ("a", "b"):
+        np.testing.assert_allclose(pmkjit.ep_posterior(full)[name].mean(),
+                                   pmkjit.ep_posterior(complete)[name].mean(), rtol=1e-6, atol=1e-8)
+    assert set(np.unique(full.posterior["y_unobserved"].values)) <= {0, 1, 2}

@@ -668,6 +668,18 @@ class _Builder:
         parameter expresses, so the factor rebuilds the softmax over its flat inputs.
         """
         p = _dist_params(rv)[0]
+        # the observed rows of a variable with missing values: PyMC's y_observed reads
+        # p[observed_mask] of the whole variable's probabilities
+        rows = None
+        if (p.owner is not None and type(p.owner.op).__name__ in ("AdvancedSubtensor", "AdvancedSubtensor1")
+                and len(p.owner.inputs) == 2 and p.owner.inputs[0].ndim == p.ndim == 2
+                and not latent_ancestors(p.owner.inputs[1], self.latent_rvs)):
+            rows = np.asarray(evaluate_constant(p.owner.inputs[1]))
+            p = p.owner.inputs[0]
+            n_full = p.type.shape[0]
+            if n_full is None:
+                n_full = int(np.asarray(evaluate_constant(p.shape[0])))
+            rows = (n_full, rows)
         # softmax(a) of one vector a, broadcast to every observation (intercepts only)
         while p.owner is not None and (_pass_through(p.owner.op) or (
                 isinstance(p.owner.op, DimShuffle) and _left_expanding(p.owner.op))):
@@ -678,7 +690,7 @@ class _Builder:
                    and (axis is None or axis % p.ndim == p.ndim - 1))
         ordinal = None if softmax else _ordinal_parts(p)
         if ordinal is not None:
-            self._ordinal(rv, y, mask, *ordinal)
+            self._ordinal(rv, y, mask, *ordinal, rows=rows)
             return
         if not softmax:
             # "CategoricalRV" first: pm.OrderedLogistic and pm.OrderedProbit build one too
@@ -695,9 +707,7 @@ class _Builder:
         from pytensor.graph.rewriting.utils import rewrite_graph
 
         columns = [lift_indexing(rewrite_graph(eta[..., k], include=("canonicalize",))) for k in range(K)]
-        if mask is not None:
-            columns = [lift_indexing(_select(c, y.shape, mask)) for c in columns]
-            y = y[mask]
+        columns, y = _entries(columns, y, mask, rows)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return  # constant class probabilities: a constant factor
         self._joint_black_box(
@@ -759,7 +769,7 @@ class _Builder:
         f.description += f" (joint site over {len(slots)} {what})"
 
     def _ordinal(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None, eta: Variable,
-                 cutpoints: Variable, compute_p) -> None:
+                 cutpoints: Variable, compute_p, rows=None) -> None:
         """``pm.OrderedLogistic`` or ``pm.OrderedProbit(eta, cutpoints)``: ``eta`` and each cutpoint are inputs.
 
         With latent cutpoints the inputs share one joint site per observation, as a
@@ -773,9 +783,7 @@ class _Builder:
             n_cut = int(np.asarray(evaluate_constant(cutpoints.shape[-1])))
         columns = [lift_indexing(eta)] + [
             lift_indexing(rewrite_graph(cutpoints[..., k], include=("canonicalize",))) for k in range(n_cut)]
-        if mask is not None:
-            columns = [lift_indexing(_select(c, y.shape, mask)) for c in columns]
-            y = y[mask]
+        columns, y = _entries(columns, y, mask, rows)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return
 
@@ -1583,6 +1591,21 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
         raise UnsupportedModelError(
             f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions){hint}"
         )
+
+
+def _entries(columns: list, y: np.ndarray, mask: np.ndarray | None, rows) -> tuple[list, np.ndarray]:
+    """A categorical's per-class columns at its observed rows, then at the entries ``mask``.
+
+    ``rows``: ``(n_full, index)`` where the probabilities were those of a whole variable
+    with missing values (``index`` selects the observed rows), else None.
+    """
+    if rows is not None:
+        n_full, index = rows
+        columns = [lift_indexing(_select(c, (n_full,), index)) for c in columns]
+    if mask is not None:
+        columns = [lift_indexing(_select(c, y.shape, mask)) for c in columns]
+        y = y[mask]
+    return columns, y
 
 
 def _ordinal_parts(p: Variable) -> tuple[Variable, Variable, object] | None:
