@@ -252,7 +252,7 @@ class FactorGraph:
     predictive: list[str] = field(default_factory=list)
     # ZeroSumNormal latents, whose draws are projected onto sums of zero along the last axis
     zero_sum: list[str] = field(default_factory=list)
-    # latents with an ordered transform (ordinal cutpoints), ordered by their likelihoods
+    # latents with an ordered transform (ordinal cutpoints), kept in order by order factors
     ordered: list[str] = field(default_factory=list)
 
     @property
