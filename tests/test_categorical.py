@@ -358,3 +358,23 @@ def test_missing_classes_are_drawn_from_their_predictive_and_leave_the_rest_unch
         np.testing.assert_allclose(pmkjit.ep_posterior(full)[name].mean(),
                                    pmkjit.ep_posterior(complete)[name].mean(), rtol=1e-6, atol=1e-8)
     assert set(np.unique(full.posterior["y_unobserved"].values)) <= {0, 1, 2}
+
+
+def test_convergence_with_entries_left_unanswered_is_warned_about(monkeypatch):
+    """A site whose tilted moments are refused in every sweep stays where it was, and the
+    posterior can stop moving for that reason alone; fit says so."""
+    from pmkjit.ep import joint
+
+    answer = joint.JointQuadrature.__call__
+
+    def refuse_the_first(self, mean, cov, idx):
+        t_mean, t_cov, ok = answer(self, mean, cov, idx)
+        return t_mean, t_cov, ok & (idx != 0)
+
+    monkeypatch.setattr(joint.JointQuadrature, "__call__", refuse_the_first)
+    y = np.repeat(np.arange(3), [5, 7, 4])
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 1, shape=2)
+        pm.Categorical("y", logit_p=pm.math.concatenate([[0.0], a]), observed=y)
+    with pytest.warns(UserWarning, match="EP converged with 1 factor instance left unanswered"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
