@@ -378,3 +378,28 @@ def test_convergence_with_entries_left_unanswered_is_warned_about(monkeypatch):
         pm.Categorical("y", logit_p=pm.math.concatenate([[0.0], a]), observed=y)
     with pytest.warns(UserWarning, match="EP converged with 1 factor instance left unanswered"):
         pmkjit.fit(model=model, random_seed=1, progressbar=False)
+
+
+def test_multinomial_counts_with_a_softmax_match_the_exact_posterior():
+    counts = np.array([[3, 5, 2], [0, 4, 6], [7, 1, 2], [2, 2, 2]])
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 1.5, shape=2)
+        pm.Multinomial("y", n=counts.sum(1), p=pm.math.softmax(pm.math.concatenate([[0.0], a])), observed=counts)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    assert "joint site over 2 class predictors" in idata.ep.attrs["factor_graph"]
+    q = pmkjit.ep_posterior(idata)["a"]
+    g = np.linspace(-4, 4, 401)
+    A1, A2 = np.meshgrid(g, g, indexing="ij")
+    log_p = special.log_softmax(np.stack([np.zeros_like(A1), A1, A2], -1), axis=-1)
+    log_post = log_p @ counts.sum(0) - (A1**2 + A2**2) / (2 * 1.5**2)
+    mean, sd = _grid_posterior(log_post, [g, g])
+    np.testing.assert_array_less(np.abs(q.mean() - mean) / sd, 0.05)
+    np.testing.assert_allclose(np.sqrt(q.var()) / sd, 1.0, atol=0.05)
+
+
+def test_multinomial_with_probabilities_that_are_no_softmax_is_refused_naming_it():
+    with pm.Model() as model:
+        s = pm.Beta("s", 1, 1)
+        pm.Multinomial("y", n=5, p=pm.math.stack([s, 1 - s]), observed=np.array([[2, 3], [4, 1]]))
+    with pytest.raises(UnsupportedModelError, match=r"^y: pm.Multinomial is supported with p=pm.math.softmax"):
+        build_factor_graph(model)

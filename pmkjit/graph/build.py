@@ -573,6 +573,10 @@ class _Builder:
             bad = np.argwhere(~np.isfinite(y))[0].tolist()
             raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
         partial = _partial_observed(rv)
+        if type(op).__name__ == "MultinomialRV" and partial is None and y.ndim == 2:
+            self._multinomial(rv, y)
+            self._check_support(rv, y)
+            return
         if getattr(op, "ndim_supp", 0) != 0:
             # named by the distribution, not by PyMC's PartialObservedRV around it (an
             # MvNormal with a NaN in some of a row's entries)
@@ -717,6 +721,52 @@ class _Builder:
             what="class predictors",
         )
 
+    def _multinomial(self, rv: Variable, counts: np.ndarray) -> None:
+        """``pm.Multinomial(n, p=softmax(eta, axis=-1))``: counts ``(N, K)`` over softmax classes.
+
+        The log-likelihood of a row is ``sum_k y_k log p_k`` up to a constant, so the
+        counts enter the factor as data inputs beside the class predictors, which share
+        one joint site per row as a categorical's do.
+        """
+        n, p = _dist_params(rv)
+        if latent_ancestors(n, self.latent_rvs):
+            raise UnsupportedModelError(f"{rv.name}: a pm.Multinomial with a latent number of trials is not supported")
+        while p.owner is not None and (_pass_through(p.owner.op) or (
+                isinstance(p.owner.op, DimShuffle) and _left_expanding(p.owner.op))):
+            p = p.owner.inputs[0]
+        node = p.owner
+        axis = getattr(node.op, "axis", None) if node is not None else None
+        if node is None or type(node.op).__name__ != "Softmax" or (axis is not None and axis % p.ndim != p.ndim - 1):
+            raise UnsupportedModelError(
+                f"{rv.name}: pm.Multinomial is supported with p=pm.math.softmax(eta, axis=-1), eta affine in the "
+                f"real-valued latents; its p here is {_label(p)}"
+            )
+        from pytensor.graph.rewriting.utils import rewrite_graph
+
+        eta = node.inputs[0]
+        K = counts.shape[1]
+        columns = [lift_indexing(rewrite_graph(eta[..., k], include=("canonicalize",))) for k in range(K)]
+        if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
+            return
+        data = [pt.as_tensor_variable(np.ascontiguousarray(counts[:, k])) for k in range(K)]
+
+        def log_p(flat: list) -> Variable:
+            # the counts are data inputs, whose flat vectors follow the predictors'
+            eta_flat, y_flat = flat[:K], flat[K:]
+            return pt.sum(pt.stack(y_flat, axis=-1) * pt.special.log_softmax(pt.stack(eta_flat, axis=-1), axis=-1),
+                          axis=-1)
+
+        def make_dist(flat: list) -> Variable:  # a stand-in sampler: EP never draws from a likelihood
+            return pm.Categorical.dist(p=pt.special.softmax(pt.stack(flat[:K], axis=-1), axis=-1))
+
+        def make_logp(flat: list, value: Variable) -> Variable:
+            return log_p(flat)
+
+        n_factors = len(self.graph.factors)
+        self._black_box(rv, columns + data, (counts.shape[0],), kind="likelihood",
+                        observed=np.zeros(counts.shape[0]), make_dist=make_dist, make_logp=make_logp)
+        self._make_joint(rv, n_factors, what="class predictors")
+
     def _joint_black_box(self, rv: Variable, columns: list, y: np.ndarray, make_p, log_p, what: str) -> None:
         """A categorical likelihood of ``columns`` whose latent inputs share one joint Gaussian site.
 
@@ -752,6 +802,10 @@ class _Builder:
         n_factors = len(self.graph.factors)
         self._black_box(rv, columns, y.shape, kind="likelihood", observed=y.ravel(), make_dist=categorical,
                         make_logp=logp)
+        self._make_joint(rv, n_factors, what)
+
+    def _make_joint(self, rv: Variable, n_factors: int, what: str) -> None:
+        """Give the factor just built (if any) one joint Gaussian site over its latent inputs."""
         if len(self.graph.factors) == n_factors:
             return
         f = self.graph.factors[-1]
