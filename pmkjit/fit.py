@@ -295,8 +295,10 @@ def fit(
             warnings.warn(
                 f"EP did not converge in {max_sweeps} sweeps (last change {trace[-1]:.2g} > tol x damping = "
                 f"{tol:g} x {limit_step:g} = {tol * limit_step:.2g}: a sweep damped by {limit_step:g} moves only that "
-                "fraction of the way); raise max_sweeps or tol. With importance sampling, Monte Carlo noise in the "
-                "tilted moments keeps every sweep changing the posterior: raise n_importance_samples",
+                "fraction of the way); raise max_sweeps or tol"
+                + (". With importance sampling, Monte Carlo noise in the tilted moments keeps every sweep changing "
+                   "the posterior: raise n_importance_samples"
+                   if any(getattr(o, "kind", None) == "importance" for o in oracles) else ""),
                 EPNotConvergedWarning,
                 stacklevel=2,
             )
