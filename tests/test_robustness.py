@@ -301,9 +301,9 @@ def test_zero_inflated_and_hurdle_likelihoods_match_the_grid_posterior(kind):
     assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.05
 
 
-def test_censoring_bounds_infinite_for_some_observations_match_the_grid_posterior():
-    # upper=np.where(censored, 1.0, np.inf): refused as data "containing infinite values ...
-    # drop or fill the missing entries", though PyMC's censored density reads inf as no bound
+def _half_censored_normal():
+    """Every other observation censored at 1, the rest without a bound (upper = inf there):
+    the model and its exact grid posterior moments of ``mu``."""
     rng = np.random.default_rng(1)
     n = 40
     upper = np.where(np.arange(n) % 2 == 0, 1.0, np.inf)
@@ -311,11 +311,18 @@ def test_censoring_bounds_infinite_for_some_observations_match_the_grid_posterio
     with pm.Model() as model:
         mu = pm.Normal("mu", 0.0, 3.0)
         pm.Censored("y", pm.Normal.dist(mu, 1.0), lower=None, upper=upper, observed=y)
-    q = pmkjit.ep_posterior(pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10))["mu"]
     grid = np.linspace(-2.0, 4.0, 4001)[:, None]
     d = stats.norm(grid, 1.0)
     ll = np.where(y >= upper, d.logsf(np.where(np.isinf(upper), 0.0, upper)), d.logpdf(y))
     mean, sd = _grid_posterior(stats.norm(0.0, 3.0).logpdf(grid[:, 0]) + ll.sum(axis=1), grid[:, 0])
+    return model, mean, sd
+
+
+def test_censoring_bounds_infinite_for_some_observations_match_the_grid_posterior():
+    # upper=np.where(censored, 1.0, np.inf): refused as data "containing infinite values ...
+    # drop or fill the missing entries", though PyMC's censored density reads inf as no bound
+    model, mean, sd = _half_censored_normal()
+    q = pmkjit.ep_posterior(pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10))["mu"]
     assert abs(q.mean()[0] - mean) < 0.05 * sd
     assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.05
 
@@ -325,23 +332,13 @@ def test_infinite_censoring_bounds_reach_importance_sampling_as_no_bound():
     # latent shape) fall back to importance sampling, which took the infinite bound of an
     # uncensored observation for an improper point-mass message and raised
     # ImproperMessageError mid-fit; method="oracle" did for every such model
-    rng = np.random.default_rng(1)
-    n = 40
-    upper = np.where(np.arange(n) % 2 == 0, 1.0, np.inf)
-    y = np.minimum(1.0 + rng.normal(size=n), upper)
-    with pm.Model() as model:
-        mu = pm.Normal("mu", 0.0, 3.0)
-        pm.Censored("y", pm.Normal.dist(mu, 1.0), lower=None, upper=upper, observed=y)
+    model, mean, sd = _half_censored_normal()
     with warnings.catch_warnings():
         # lower=None is a float32 -inf constant: 1e150 overflowed in it
         warnings.filterwarnings("error", message="overflow encountered in cast")
         idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10, method="oracle",
                            max_sweeps=10, n_importance_samples=20_000)
     q = pmkjit.ep_posterior(idata)["mu"]
-    grid = np.linspace(-2.0, 4.0, 4001)[:, None]
-    d = stats.norm(grid, 1.0)
-    ll = np.where(y >= upper, d.logsf(np.where(np.isinf(upper), 0.0, upper)), d.logpdf(y))
-    mean, sd = _grid_posterior(stats.norm(0.0, 3.0).logpdf(grid[:, 0]) + ll.sum(axis=1), grid[:, 0])
     assert abs(q.mean()[0] - mean) < 0.1 * sd
     assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.1
 
