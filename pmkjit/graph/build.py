@@ -684,19 +684,13 @@ class _Builder:
             if n_full is None:
                 n_full = int(np.asarray(evaluate_constant(p.shape[0])))
             rows = (n_full, rows)
-        # softmax(a) of one vector a, broadcast to every observation (intercepts only)
-        while p.owner is not None and (_pass_through(p.owner.op) or (
-                isinstance(p.owner.op, DimShuffle) and _left_expanding(p.owner.op))):
-            p = p.owner.inputs[0]
-        node = p.owner
-        axis = getattr(node.op, "axis", None) if node is not None else None
-        softmax = (node is not None and type(node.op).__name__ == "Softmax"
-                   and (axis is None or axis % p.ndim == p.ndim - 1))
-        ordinal = None if softmax else _ordinal_parts(p)
+        p = _unbroadcast(p)
+        eta = _softmax_input(p)
+        ordinal = None if eta is not None else _ordinal_parts(p)
         if ordinal is not None:
             self._ordinal(rv, y, mask, *ordinal, rows=rows)
             return
-        if not softmax:
+        if eta is None:
             # "CategoricalRV" first: pm.OrderedLogistic and pm.OrderedProbit build one too
             raise UnsupportedModelError(
                 f"{rv.name}: CategoricalRV with these class probabilities ({_label(p)}) is not supported: pmkjit "
@@ -704,14 +698,7 @@ class _Builder:
                 "real-valued latents (multinomial logistic regression), pm.OrderedLogistic and pm.OrderedProbit "
                 "(sigma=1)"
             )
-        eta = node.inputs[0]
-        K = eta.type.shape[-1]
-        if K is None:
-            K = int(np.asarray(evaluate_constant(eta.shape[-1])))
-        from pytensor.graph.rewriting.utils import rewrite_graph
-
-        columns = [lift_indexing(rewrite_graph(eta[..., k], include=("canonicalize",))) for k in range(K)]
-        columns, y = _entries(columns, y, mask, rows)
+        columns, y = _entries(_last_axis_columns(eta), y, mask, rows)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return  # constant class probabilities: a constant factor
         self._joint_black_box(
@@ -731,21 +718,15 @@ class _Builder:
         n, p = _dist_params(rv)
         if latent_ancestors(n, self.latent_rvs):
             raise UnsupportedModelError(f"{rv.name}: a pm.Multinomial with a latent number of trials is not supported")
-        while p.owner is not None and (_pass_through(p.owner.op) or (
-                isinstance(p.owner.op, DimShuffle) and _left_expanding(p.owner.op))):
-            p = p.owner.inputs[0]
-        node = p.owner
-        axis = getattr(node.op, "axis", None) if node is not None else None
-        if node is None or type(node.op).__name__ != "Softmax" or (axis is not None and axis % p.ndim != p.ndim - 1):
+        p = _unbroadcast(p)
+        eta = _softmax_input(p)
+        if eta is None:
             raise UnsupportedModelError(
                 f"{rv.name}: pm.Multinomial is supported with p=pm.math.softmax(eta, axis=-1), eta affine in the "
                 f"real-valued latents; its p here is {_label(p)}"
             )
-        from pytensor.graph.rewriting.utils import rewrite_graph
-
-        eta = node.inputs[0]
-        K = counts.shape[1]
-        columns = [lift_indexing(rewrite_graph(eta[..., k], include=("canonicalize",))) for k in range(K)]
+        columns = _last_axis_columns(eta)
+        K = len(columns)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return
         data = [pt.as_tensor_variable(np.ascontiguousarray(counts[:, k])) for k in range(K)]
@@ -830,14 +811,7 @@ class _Builder:
         softmax's class predictors do (``_categorical``): the outcome's probabilities
         depend on the differences ``c_k - eta``.
         """
-        from pytensor.graph.rewriting.utils import rewrite_graph
-
-        n_cut = cutpoints.type.shape[-1]
-        if n_cut is None:
-            n_cut = int(np.asarray(evaluate_constant(cutpoints.shape[-1])))
-        columns = [lift_indexing(eta)] + [
-            lift_indexing(rewrite_graph(cutpoints[..., k], include=("canonicalize",))) for k in range(n_cut)]
-        columns, y = _entries(columns, y, mask, rows)
+        columns, y = _entries([lift_indexing(eta)] + _last_axis_columns(cutpoints), y, mask, rows)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return
 
@@ -1645,6 +1619,34 @@ def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = 
         raise UnsupportedModelError(
             f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions){hint}"
         )
+
+
+def _unbroadcast(p: Variable) -> Variable:
+    """``p`` without pass-through ops and leading broadcast axes (``softmax(a)`` of one vector ``a``
+    broadcast to every observation, intercepts only)."""
+    while p.owner is not None and (_pass_through(p.owner.op) or (
+            isinstance(p.owner.op, DimShuffle) and _left_expanding(p.owner.op))):
+        p = p.owner.inputs[0]
+    return p
+
+
+def _softmax_input(p: Variable) -> Variable | None:
+    """``eta`` if ``p`` is ``softmax(eta)`` along its last axis, else None."""
+    node = p.owner
+    if node is None or type(node.op).__name__ != "Softmax":
+        return None
+    axis = getattr(node.op, "axis", None)
+    return node.inputs[0] if axis is None or axis % p.ndim == p.ndim - 1 else None
+
+
+def _last_axis_columns(var: Variable) -> list[Variable]:
+    """``var[..., k]`` for every ``k`` of its last axis, simplified (a join's ``k``-th piece)."""
+    from pytensor.graph.rewriting.utils import rewrite_graph
+
+    K = var.type.shape[-1]
+    if K is None:
+        K = int(np.asarray(evaluate_constant(var.shape[-1])))
+    return [lift_indexing(rewrite_graph(var[..., k], include=("canonicalize",))) for k in range(K)]
 
 
 def _entries(columns: list, y: np.ndarray, mask: np.ndarray | None, rows) -> tuple[list, np.ndarray]:
