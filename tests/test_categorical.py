@@ -28,10 +28,10 @@ def test_slot_sites_and_joint_site_are_inverse():
     np.testing.assert_allclose(h2, h, atol=1e-12)
 
 
-def _three_class_model(y, x):
+def _three_class_model(y, x, prior_sd=2.0):
     with pm.Model() as model:
-        a = pm.Normal("a", 0, 2, shape=2)
-        b = pm.Normal("b", 0, 2, shape=2)
+        a = pm.Normal("a", 0, prior_sd, shape=2)
+        b = pm.Normal("b", 0, prior_sd, shape=2)
         eta = pm.math.concatenate([pm.math.zeros((len(y), 1)), a + x[:, None] * b], axis=1)
         pm.Categorical("y", logit_p=eta, observed=y)
     return model
@@ -340,20 +340,12 @@ def test_missing_classes_are_drawn_from_their_predictive_and_leave_the_rest_unch
     y = rng.integers(0, 3, n).astype(float)
     y[[2, 9, 31]] = np.nan  # PyMC imputes them: y_observed reads p[observed rows]
     keep = ~np.isnan(y)
-
-    def model(xs, ys):
-        with pm.Model() as m:
-            a = pm.Normal("a", 0, 1, shape=2)
-            b = pm.Normal("b", 0, 1, shape=2)
-            eta = pm.math.concatenate([pm.math.zeros((len(ys), 1)), a + xs[:, None] * b], axis=1)
-            pm.Categorical("y", logit_p=eta, observed=ys)
-        return m
-
     with warnings.catch_warnings():  # PyMC's ImputationWarning and its cast of NaN to int
         warnings.simplefilter("ignore")
-        m_nan = model(x, y)
+        m_nan = _three_class_model(y, x, prior_sd=1.0)
     full = pmkjit.fit(model=m_nan, random_seed=1, progressbar=False)
-    complete = pmkjit.fit(model=model(x[keep], y[keep].astype(int)), random_seed=1, progressbar=False)
+    complete = pmkjit.fit(model=_three_class_model(y[keep].astype(int), x[keep], prior_sd=1.0), random_seed=1,
+                          progressbar=False)
     for name in ("a", "b"):
         np.testing.assert_allclose(pmkjit.ep_posterior(full)[name].mean(),
                                    pmkjit.ep_posterior(complete)[name].mean(), rtol=1e-6, atol=1e-8)
@@ -367,8 +359,8 @@ def test_convergence_with_entries_left_unanswered_is_warned_about(monkeypatch):
 
     answer = joint.JointQuadrature.__call__
 
-    def refuse_the_first(self, mean, cov, idx):
-        t_mean, t_cov, ok = answer(self, mean, cov, idx)
+    def refuse_the_first(self, mean, cov, idx, **kwargs):
+        t_mean, t_cov, ok = answer(self, mean, cov, idx, **kwargs)
         return t_mean, t_cov, ok & (idx != 0)
 
     monkeypatch.setattr(joint.JointQuadrature, "__call__", refuse_the_first)

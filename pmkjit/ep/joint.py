@@ -125,8 +125,11 @@ class JointQuadrature:
         Z = self._qmc[m]
         return Z, np.full(Z.shape[0], -np.log(Z.shape[0]))
 
-    def __call__(self, mean: np.ndarray, cov: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def __call__(self, mean: np.ndarray, cov: np.ndarray, idx: np.ndarray,
+                 precision: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Tilted ``(mean, cov, ok)`` for instances ``idx`` with cavity ``N(mean, cov)`` (``(b, m)``, ``(b, m, m)``).
+
+        ``precision``: the cavity's precision matrices, when the caller has them.
 
         Two passes: the grid in the cavity's frame locates the tilted law, and a second
         grid in the frame of those moments computes them, the cavity's density entering
@@ -144,7 +147,7 @@ class JointQuadrature:
         self.n_calls += b
         Z, log_w = self._grid(m)
         ess_grid = 1.0 / np.sum(np.exp(2 * log_w))
-        P = np.linalg.solve(cov, np.broadcast_to(np.eye(m), cov.shape))
+        P = np.linalg.solve(cov, np.broadcast_to(np.eye(m), cov.shape)) if precision is None else precision
         out_mean, out_cov = np.empty((b, m)), np.empty((b, m, m))
         ok = np.zeros(b, bool)
         rows = max(1, _CHUNK // Z.shape[0])
@@ -233,7 +236,7 @@ def joint_update(f: BlackBoxFactor, state, sites: list[np.ndarray], method: Join
         return idx, []
     C_cav = np.linalg.solve(P_cav[idx], eye[idx])
     m_cav = np.einsum("bij,bj->bi", C_cav, h_cav[idx])
-    t_mean, t_cov, good = method(m_cav, 0.5 * (C_cav + np.swapaxes(C_cav, 1, 2)), idx)
+    t_mean, t_cov, good = method(m_cav, 0.5 * (C_cav + np.swapaxes(C_cav, 1, 2)), idx, precision=P_cav[idx])
     info.unanswered += int((~good).sum())
     P_t = np.linalg.solve(t_cov[good], eye[idx[good]])
     Lam_new = P_t - P_cav[idx[good]]
