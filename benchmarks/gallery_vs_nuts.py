@@ -12,7 +12,10 @@ time series with a Gaussian random walk (a local-level model and PyMC's
 stochastic volatility model on T = 100 returns); then two categorical likelihoods
 (multinomial logistic regression: a synthetic one with a reference class and Fisher's iris
 from scikit-learn with one coefficient vector per species) and two ordinal ones
-(``pm.OrderedLogistic`` and ``pm.OrderedProbit`` with latent ordered cutpoints). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
+(``pm.OrderedLogistic`` and ``pm.OrderedProbit`` with latent ordered cutpoints); then
+likelihoods with three or four latent parameters, answered by the Gauss-Hermite grid
+oracle (two Normal mixtures, a Student-t regression with a latent ``nu``, and BEST;
+``--no-grid`` answers them by importance sampling instead, as before that oracle). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
 2,500 draws: with 2 x 1,000 the reference's own error reached 0.2 sd in sds of group scales)
 and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
@@ -333,6 +336,59 @@ def ordered_probit(seed):
     return _ordinal(seed, pm.OrderedProbit)
 
 
+def _two_bumps(rng, n=100):
+    return np.where(rng.random(n) < 0.6, rng.normal(-2.0, 1.0, n), rng.normal(2.0, 1.0, n))
+
+
+def normal_mixture(seed):
+    """pm.NormalMixture with fixed weights, ordered latent means and a latent sd (N = 100)."""
+    y = _two_bumps(np.random.default_rng(seed))
+    with pm.Model() as m:
+        mu = pm.Normal("mu", [-1.0, 1.0], 5.0, shape=2, transform=pm.distributions.transforms.ordered,
+                       initval=[-1.0, 1.0])
+        s = pm.HalfNormal("s", 2.0)
+        pm.NormalMixture("y", w=[0.6, 0.4], mu=mu, sigma=s, observed=y)
+    return m
+
+
+def mixture_latent_weight(seed):
+    """pm.Mixture of a batched Normal with a Beta weight, ordered means, a latent sd (N = 100)."""
+    y = _two_bumps(np.random.default_rng(seed))
+    with pm.Model() as m:
+        p = pm.Beta("p", 2.0, 2.0)
+        mu = pm.Normal("mu", [-1.0, 1.0], 5.0, shape=2, transform=pm.distributions.transforms.ordered,
+                       initval=[-1.0, 1.0])
+        s = pm.HalfNormal("s", 2.0)
+        pm.Mixture("y", w=pm.math.stack([p, 1.0 - p]), comp_dists=pm.Normal.dist(mu, s), observed=y)
+    return m
+
+
+def studentt_latent_nu(seed):
+    """Robust regression with a latent degrees of freedom: StudentT(nu ~ Gamma(2, 0.1), a + b x, s)."""
+    rng, x, _ = _data(seed)
+    y = 1.0 + 0.5 * x + rng.standard_t(4.0, N)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 5)
+        b = pm.Normal("b", 0, 5)
+        s = pm.HalfNormal("s", 2)
+        nu = pm.Gamma("nu", 2.0, 0.1)
+        pm.StudentT("y", nu=nu, mu=a + b * x, sigma=s, observed=y)
+    return m
+
+
+def best(seed):
+    """Kruschke's BEST: two groups of 40, Student-t with a shared nu = 1 + Exponential(1/29)."""
+    rng = np.random.default_rng(seed)
+    y1, y2 = rng.normal(1.0, 1.0, 40), rng.normal(0.3, 1.3, 40)
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0.0, 5.0, shape=2)
+        s = pm.HalfNormal("s", 3.0, shape=2)
+        nu = pm.Exponential("nu_minus_one", 1 / 29) + 1
+        pm.StudentT("g1", nu=nu, mu=mu[0], sigma=s[0], observed=y1)
+        pm.StudentT("g2", nu=nu, mu=mu[1], sigma=s[1], observed=y2)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -346,6 +402,8 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "local_level": local_level, "stochastic_volatility": stochastic_volatility,
     "multinomial_logistic": multinomial_logistic, "iris_multinomial": iris_multinomial,
     "ordered_logistic": ordered_logistic, "ordered_probit": ordered_probit,
+    "normal_mixture": normal_mixture, "mixture_latent_weight": mixture_latent_weight,
+    "studentt_latent_nu": studentt_latent_nu, "best": best,
 }
 
 
@@ -382,7 +440,11 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gallery_vs_nuts.json")
+    parser.add_argument("--no-grid", action="store_true",
+                        help="ablation: factors of 3-6 latents use importance sampling, as before the grid oracle")
     args = parser.parse_args()
+    if args.no_grid:
+        sys.modules["pmkjit.fit"].grid_possible = lambda factor: False
     code = git_state()
     rows = []
     print(f"{'model':32s} {'max |z|':>8s} {'sd ratio':>11s} {'sweeps':>6s} {'EP s':>6s} {'NUTS s':>6s}")
@@ -396,7 +458,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": "python benchmarks/gallery_vs_nuts.py" + (" --models " + " ".join(args.models)
-                                                          if args.models != list(MODELS) else ""),
+                                                          if args.models != list(MODELS) else "")
+        + (" --no-grid" if args.no_grid else ""), "grid_oracle": not args.no_grid,
         "code": code, "seed": args.seed, "n": N, "missing": MISSING, "rows": rows,
         "machine": {"python": platform.python_version(), "pymc": pm.__version__, "cpus": __import__("os").cpu_count()},
     }, indent=1))

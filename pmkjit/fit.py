@@ -23,7 +23,7 @@ from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine
 from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
-from pmkjit.ep.methods import FactorOracle, KJITMethod, quadrature_possible
+from pmkjit.ep.methods import FactorOracle, KJITMethod, grid_possible, quadrature_possible
 from pmkjit.ep.joint import JointQuadrature
 from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.truncation import PositiveMethod
@@ -462,7 +462,8 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         elif method == "oracle":
             kind = "importance"
         else:
-            kind = "quadrature" if (oracle == "quadrature" or (oracle == "auto" and can_quad)) else "importance"
+            kind = "quadrature" if (oracle == "quadrature" or (oracle == "auto" and can_quad)) else (
+                "grid" if oracle == "auto" and grid_possible(f) else "importance")
             if oracle == "quadrature" and not can_quad:
                 raise UnsupportedModelError(f"{f.name}: oracle='quadrature' is not possible for {f.description}")
         orc = FactorOracle(f, kind, n_samples=n_samples, rng=sub)
@@ -481,7 +482,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # operator: importance sampling alone took 200 s on N = 80-90 (3 latents), no
         # more accurate.
         shared = oracle == "auto" and shares_a_latent(f) and (
-            kind == "quadrature" or f.size < _SMALL_IMPORTANCE_FACTOR)
+            kind in ("quadrature", "grid") or f.size < _SMALL_IMPORTANCE_FACTOR)
         # A censored likelihood is the base's density below a bound and its survival
         # function at it: a jump in the observed value that an operator's smooth kernel
         # spreads over its neighbours. On a censored Weibull regression (N = 50) KJIT left

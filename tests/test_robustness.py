@@ -213,13 +213,29 @@ def test_pymc_symbolic_scale_priors_are_black_box_priors(make, scipy_dist):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # PyMC builds hurdle distributions with scan
-def test_distributions_of_distributions_are_refused_clearly():
-    y = np.array([0.1, 1.2, -0.3])
+def test_a_normal_mixture_with_data_weights_matches_the_grid_posterior():
+    # pm.NormalMixture(w, mu, sigma) with mu a vector is one batched component, refused until
+    # it was split into one Normal per component; the weights may be pm.Data (no static shape)
+    r = np.random.default_rng(4)
+    y = np.where(r.random(40) < 0.4, r.normal(-2.0, 1.0, 40), r.normal(2.0, 1.0, 40))
     with pm.Model() as mixture:
-        mu = pm.Normal("mu", 0.0, 2.0, shape=2)
-        pm.NormalMixture("y", w=[0.3, 0.7], mu=mu, sigma=1.0, observed=y)
-    with pytest.raises(UnsupportedModelError, match="y: a mixture of one batched distribution"):
-        build_factor_graph(mixture)
+        w = pm.Data("w", [0.4, 0.6])
+        mu = pm.Normal("mu", [-1.0, 1.0], 1.0, shape=2)
+        pm.NormalMixture("y", w=w, mu=mu, sigma=1.0, observed=y)
+    (f,) = build_factor_graph(mixture).factors
+    assert len(f.latent_inputs) == 2
+    idata = pmkjit.fit(model=mixture, random_seed=2, progressbar=False, draws=3000, compute_log_likelihood=False)
+    assert "y: quadrature" in idata.ep.attrs["factor_methods"]
+    m0, m1 = np.linspace(-5.0, 3.0, 401)[:, None], np.linspace(-3.0, 5.0, 401)[None, :]
+    # one mode: the label-switched one (mu0 > mu1) holds 7e-7 of the mass on this grid
+    log_post = stats.norm.logpdf(m0, -1, 1) + stats.norm.logpdf(m1, 1, 1) + sum(
+        np.logaddexp(np.log(0.4) + stats.norm.logpdf(yi, m0, 1.0), np.log(0.6) + stats.norm.logpdf(yi, m1, 1.0))
+        for yi in y)
+    draws = idata.posterior["mu"].values.reshape(-1, 2)
+    for k, g in enumerate((m0, m1)):
+        mean, sd = _grid_posterior(log_post, g)
+        assert abs(draws[:, k].mean() - mean) < 0.1 * sd
+        assert 0.85 < draws[:, k].std() / sd < 1.15
 
 
 def _grid_posterior(log_post, grid):
@@ -663,12 +679,14 @@ def test_total_size_is_refused_naming_the_likelihood():
         pmkjit.fit(model=model, progressbar=False)
 
 
-def test_non_centred_eight_schools_does_not_collapse_the_group_scale(monkeypatch):
+@pytest.mark.parametrize("oracle", ["importance", "grid"])
+def test_non_centred_eight_schools_does_not_collapse_the_group_scale(monkeypatch, oracle):
     # mu + tau * eta[j] (3 latents, importance sampling): a KJIT operator fitted on answers
     # pooled over sweeps for the same 8 schools had kernel widths set by the differences
     # between schools and was blind to the moving cavities; it trusted itself while tau
     # drifted from 3.6 to 0.04 (NUTS 3.65). A small factor whose instances share a latent
-    # is answered by its oracle directly.
+    # is answered by its oracle directly: importance sampling, or the Gauss-Hermite grid
+    # that now takes factors of three to six latents.
     from pmkjit.fit import shares_a_latent
 
     y, s = np.array([28.0, 8, -3, 7, -1, 1, 18, 12]), np.array([15.0, 10, 16, 11, 9, 11, 10, 18])
@@ -681,9 +699,11 @@ def test_non_centred_eight_schools_does_not_collapse_the_group_scale(monkeypatch
     assert shares_a_latent(f)
     # (fit centres this model now: the factor as written is what is under test here)
     monkeypatch.setattr(sys.modules["pmkjit.fit"], "_centred", lambda m: (m, []))
+    if oracle == "importance":
+        monkeypatch.setattr(sys.modules["pmkjit.fit"], "grid_possible", lambda f: False)
     idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10, max_sweeps=15,
                        n_importance_samples=20_000)
-    assert "y: importance" in idata.ep.attrs["factor_methods"]
+    assert f"y: {oracle}" in idata.ep.attrs["factor_methods"]
     # exact marginal posterior of (mu, tau) on a grid: theta_j integrates out in closed form
     m, t = np.linspace(-20.0, 30.0, 401)[:, None], np.linspace(1e-4, 80.0, 2001)[None, :]
     logp = stats.norm.logpdf(m, 0, 5) + stats.halfcauchy.logpdf(t, scale=5) + sum(

@@ -27,6 +27,7 @@ import numpy as np
 from scipy import linalg, stats
 
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
+from pmkjit.operators.grid import well_conditioned
 
 __all__ = ["JointQuadrature", "joint_update"]
 
@@ -156,7 +157,7 @@ class JointQuadrature:
             L = np.linalg.cholesky(cov[sl])
             mu1, cov1, _ = self._moments(mean[sl], L, Z, log_w, idx[sl], None)
             good = np.isfinite(mu1).all(axis=1) & np.isfinite(cov1).all(axis=(1, 2))
-            good[good] &= _well_conditioned(cov1[good])
+            good[good] &= well_conditioned(cov1[good])
             frame = np.where(good[:, None, None], cov1, cov[sl])
             centre = np.where(good[:, None], mu1, mean[sl])
             L2 = np.linalg.cholesky(frame)
@@ -164,7 +165,7 @@ class JointQuadrature:
             out_mean[sl], out_cov[sl] = mu2, cov2
             ok[sl] = ess >= _MIN_RESOLVED * ess_grid
         ok &= np.isfinite(out_mean).all(axis=1) & np.isfinite(out_cov).all(axis=(1, 2))
-        ok[ok] &= _well_conditioned(out_cov[ok])
+        ok[ok] &= well_conditioned(out_cov[ok])
         self.n_fallback += int((~ok).sum())
         return out_mean, out_cov, ok
 
@@ -197,16 +198,6 @@ class JointQuadrature:
             cov = np.swapaxes(d * r[..., None], 1, 2) @ d  # batched BLAS, not einsum's loops
             ess = 1.0 / np.sum(r**2, axis=1)
         return mu, cov, ess
-
-
-def _well_conditioned(cov: np.ndarray) -> np.ndarray:
-    """Per matrix ``(b, m, m)``: positive definite with room for a Cholesky factorisation.
-
-    A covariance from a few weighted nodes can have an eigenvalue positive by round-off
-    only, which passed ``> 0`` and then failed the Cholesky of the second pass.
-    """
-    ev = np.linalg.eigvalsh(cov)
-    return ev[:, 0] > 1e-10 * np.maximum(ev[:, -1], np.finfo(float).tiny)
 
 
 def joint_update(f: BlackBoxFactor, state, sites: list[np.ndarray], method: JointQuadrature,

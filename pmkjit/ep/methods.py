@@ -15,13 +15,14 @@ from typing import NamedTuple
 import numpy as np
 
 from pmkjit.errors import UnsupportedModelError
-from pmkjit.families import ExponentialFamily, PointMass
+from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian, PointMass
 from pmkjit.features import GaussianJointEmbeddingFeatures
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
 from pmkjit.operators import ImportanceSamplingOracle, KJITOperator, QuadratureOracle
+from pmkjit.operators.grid import GRID_NODES, GridOracle
 from pmkjit.operators.kjit import default_feature_sizes
 
-__all__ = ["FactorOracle", "KJITMethod", "Answer", "quadrature_possible"]
+__all__ = ["FactorOracle", "KJITMethod", "Answer", "quadrature_possible", "grid_possible"]
 
 
 class Answer(NamedTuple):
@@ -47,13 +48,26 @@ def quadrature_possible(factor: BlackBoxFactor) -> bool:
     return factor.logp is not None and 1 <= n_latent <= 2
 
 
+def grid_possible(factor: BlackBoxFactor) -> bool:
+    """A density of three to six latent variables: the Gauss-Hermite grid oracle's domain."""
+    if factor.kind == "deterministic" or factor.logp is None:
+        return False
+    n_latent = len(factor.latent_inputs) + (1 if factor.kind == "prior" else 0)
+    families = [factor.inputs[i].family for i in factor.latent_inputs]
+    if factor.kind == "prior":
+        families.append(factor.output_family)
+    return n_latent in GRID_NODES and all(fam in (Gaussian, Gamma, Beta) for fam in families)
+
+
 class FactorOracle:
     """Quadrature or importance-sampling oracle for one black-box factor.
 
     Parameters
     ----------
     factor : BlackBoxFactor
-    kind : {"quadrature", "importance"}
+    kind : {"quadrature", "grid", "importance"}
+        Adaptive quadrature (one or two latent variables), a Gauss-Hermite grid (three
+        to six, :class:`~pmkjit.operators.grid.GridOracle`) or importance sampling.
     n_samples : int
         Importance samples per message tuple.
     rng : numpy.random.Generator
@@ -65,6 +79,11 @@ class FactorOracle:
             raise UnsupportedModelError(
                 f"{factor.name}: quadrature needs one or two latent variables, a density and no per-instance "
                 f"data; this factor ({factor.description}) has {len(factor.inputs)} inputs"
+            )
+        if kind == "grid" and not grid_possible(factor):
+            raise UnsupportedModelError(
+                f"{factor.name}: the grid oracle needs a density of three to six Gaussian, Gamma or Beta latent "
+                f"variables; this factor is {factor.description}"
             )
         if kind == "importance" and not factor.latent_inputs and factor.kind != "prior":
             raise UnsupportedModelError(f"{factor.name}: importance sampling needs a latent variable")
@@ -79,7 +98,7 @@ class FactorOracle:
         messages = tuple(messages)
         B = len(messages[0])
         self.n_calls += B
-        if self.kind == "quadrature" and B > 1:
+        if self.kind in ("quadrature", "grid") and B > 1:
             # Instances with identical inputs (repeated covariate rows and outcomes, whose
             # cavities EP keeps identical) have identical tilted moments: integrate each
             # distinct tuple once. Deterministic, so exact; sampling keeps every entry.
@@ -131,6 +150,15 @@ class FactorOracle:
                 beliefs = tuple(b.scatter(refused, bi) for b, bi in zip(beliefs, b_is))
                 accepted = accepted.copy()
                 accepted[refused] = a_is
+        elif self.kind == "grid":
+            beliefs, accepted = self._grid(msgs, fams, observed, data)
+            refused = np.flatnonzero(~accepted)
+            if refused.size:
+                self.n_fallback += refused.size
+                b_is, a_is = importance(refused)
+                beliefs = tuple(b.scatter(refused, bi) for b, bi in zip(beliefs, b_is))
+                accepted = accepted.copy()
+                accepted[refused] = a_is
         else:
             beliefs, accepted = importance(np.arange(B))
         # beliefs in target order: latent inputs, then a latent output
@@ -157,6 +185,21 @@ class FactorOracle:
             oracle = QuadratureOracle(lambda x, ins, *cov: f.logp(x, inputs(ins, *cov)), fams, kind="density",
                                       observed=observed, covariates=table)
         result = oracle(tuple(msgs))
+        return tuple(result.beliefs), np.asarray(result.accepted, bool)
+
+    def _grid(self, msgs, fams, observed, data: dict):
+        """Gauss-Hermite grid over the latent variables; data and observed values ride along per entry."""
+        f = self.factor
+        latent = f.latent_inputs
+
+        def log_factor(xs, rows):
+            shape = xs[0].shape
+            ins = tuple(np.broadcast_to(data[i][rows][:, None], shape) if i in data else xs[latent.index(i)]
+                        for i in range(len(f.inputs)))
+            out = np.broadcast_to(observed[rows][:, None], shape) if observed is not None else xs[-1]
+            return np.broadcast_to(np.asarray(f.logp(out, ins), dtype=float), shape)
+
+        result = GridOracle(log_factor, fams)(tuple(msgs))
         return tuple(result.beliefs), np.asarray(result.accepted, bool)
 
     def as_operator_oracle(self):

@@ -1439,16 +1439,14 @@ def _mixture_parts(rv: Variable) -> tuple[list[Variable], list[Variable]]:
     weight is the stack's ``k``-th input where the weights are a stack, so that the walk
     sees ``1 - psi``, not an indexing of a vector.
     """
-    node = rv.owner
-    weights, components = node.inputs[1], list(node.inputs[2:])
-    if len(components) < 2:
-        raise UnsupportedModelError(
-            f"{rv.name}: a mixture of one batched distribution (pm.NormalMixture, pm.Mixture with a single "
-            "comp_dists) is not supported: its components' parameters are a vector per observation"
-        )
-    K = len(components)
     from pytensor.graph.rewriting.utils import rewrite_graph
     from pytensor.tensor.basic import Join
+
+    node = rv.owner
+    weights, components = node.inputs[1], list(node.inputs[2:])
+    if len(components) == 1:
+        components = _split_batched_component(rv, components[0], weights)
+    K = len(components)
 
     node_w = weights.owner
     if node_w is not None and isinstance(node_w.op, Join):
@@ -1461,6 +1459,41 @@ def _mixture_parts(rv: Variable) -> tuple[list[Variable], list[Variable]]:
     # canonicalize turns stack(...)[..., k] into the k-th stacked expression
     parts = [rewrite_graph(weights[..., k], include=("canonicalize",)) for k in range(K)]
     return parts, components
+
+
+def _split_batched_component(rv: Variable, component: Variable, weights: Variable) -> list[Variable]:
+    """``pm.NormalMixture`` and ``pm.Mixture`` with one batched ``comp_dists``, as ``K`` components.
+
+    The component is one elementwise distribution whose last axis is the mixture's
+    (``Normal.dist(mu, sigma)`` with ``mu`` of shape ``(K,)``): component ``k`` is the same
+    distribution with every parameter taken at ``k`` on that axis (or as it is, where the
+    parameter is broadcast along it), which is how PyMC's mixture reads it.
+    """
+    from pytensor.graph.rewriting.utils import rewrite_graph
+
+    op = component.owner.op if component.owner is not None else None
+    K = weights.type.shape[-1] if weights.ndim else None
+    if K is None and weights.ndim and not _reads_a_random_variable(weights):
+        K = int(weights.shape[-1].eval())  # weights from pm.Data: a shared variable of unknown static shape
+    elementwise = ((isinstance(op, RandomVariable) and all(n == 0 for n in op.ndims_params))
+                   or (isinstance(op, SymbolicRandomVariable) and hasattr(op, "rv_op"))) and op.ndim_supp == 0
+    if not elementwise or K is None or K < 2 or component.type.shape[-1] not in (K, None):
+        raise UnsupportedModelError(
+            f"{rv.name}: a mixture of one batched distribution is supported when that distribution is "
+            "elementwise with the mixture's components along its last axis and a fixed number of "
+            f"components (here {type(op).__name__ if op is not None else 'a constant'} with "
+            f"{'an unknown number of' if K is None else K} components); write the components as a list, "
+            "comp_dists=[pm.Normal.dist(mu[0], s), pm.Normal.dist(mu[1], s)]"
+        )
+
+    def at(p: Variable, k: int) -> Variable:
+        if p.ndim == 0:
+            return p
+        part = p[..., 0] if p.type.shape[-1] == 1 else p[..., k]
+        return rewrite_graph(part, include=("canonicalize",))
+
+    params = _dist_params(component)
+    return [_flat_distribution(component, [at(p, k) for p in params]) for k in range(K)]
 
 
 def _reads_a_random_variable(var: Variable) -> bool:

@@ -1,0 +1,164 @@
+"""Deterministic tilted moments for factors of three to six latent variables.
+
+Adaptive trapezoid quadrature (:class:`~pmkjit.operators.QuadratureOracle`) stops at two
+latent variables; beyond them pmkjit used importance sampling, whose Monte Carlo noise
+enters every site and keeps EP from meeting its tolerance when many instances read the
+same few latents (a Student-t likelihood with a latent ``nu``: 116 s; a two-component
+Normal mixture with a latent weight: not converged in 50 sweeps). Here the tilted law
+
+    q_b(x) ∝ psi_b(x) prod_v m_{v,b}(x_v)
+
+of ``m`` latent variables is integrated on a tensor Gauss-Hermite grid in unconstrained
+coordinates ``u_v`` (identity, log or logit), in two passes as the joint quadrature of
+categorical likelihoods does (:mod:`pmkjit.ep.joint`): first in the frame of the incoming
+messages (each moment-matched by a Gaussian in ``u``), then in the frame of the tilted
+mean and covariance that pass found, rotated by its Cholesky factor, so that correlated
+and shifted tilted laws are resolved by the whole grid. The exact incoming densities
+enter the node weights, so the frame only decides where the nodes are. The same nodes on
+every call: the answers are deterministic functions of the messages, and EP converges
+as it does with quadrature. An entry whose second pass rests on few nodes (effective
+number below ``min_resolved`` of the grid's own) is refused, as the other oracles refuse
+what they cannot resolve, and so is one whose tilted mean and covariance on a coarser
+grid in the same frame differ by more than 0.05 tilted sds or 10% in variance: a law
+the grid does not resolve (a broad incoming message against a mixture likelihood, the
+tilted law a sum of narrow bumps between the nodes) passed the first test with
+accurate-looking weights and moments 0.7 sds off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from pmkjit.families import ExponentialFamily, Gaussian
+from pmkjit.operators.oracle import OracleResult, project_beliefs
+
+__all__ = ["GridOracle", "GRID_NODES"]
+
+# Gauss-Hermite nodes per axis: 4,096, 2,401, 7,776 and 15,625 nodes in all.
+GRID_NODES = {3: 16, 4: 10, 5: 6, 6: 5}
+# The coarser grid each answer is checked against, in the same frame.
+_CHECK_NODES = {3: 12, 4: 7, 5: 4, 6: 3}
+_CHECK_MEAN = 0.05  # largest difference of a tilted mean between the grids, in tilted sds
+_CHECK_LOG_VAR = 0.1  # largest difference of a tilted log variance between the grids
+_CHUNK = 2_000_000  # grid nodes x entries evaluated at once
+_MIN_RESOLVED = 0.05
+
+
+class GridOracle:
+    """Projected tilted beliefs of ``m`` latent variables (3 to 6) on a Gauss-Hermite grid.
+
+    Parameters
+    ----------
+    log_factor : callable
+        ``log_factor(xs, rows) -> log psi``: ``xs`` a list of ``m`` arrays of shape
+        ``(b, G)`` (the latent variables at the nodes, in their own support), ``rows``
+        the indices ``(b,)`` of the entries into the batch being answered (to pick
+        per-entry data); returns ``(b, G)``.
+    families : sequence of family classes
+        Message family of each latent variable (Gaussian, Gamma or Beta).
+    min_resolved : float, default 0.05
+        Least effective number of nodes of an accepted answer, relative to the grid's.
+        An answer must also agree with a coarser grid's in the same frame (tilted means
+        within 0.05 tilted sds, variances within 10%).
+    """
+
+    kind = "grid"
+
+    def __init__(self, log_factor: Callable, families: Sequence[type[ExponentialFamily]], *,
+                 min_resolved: float = _MIN_RESOLVED):
+        self.log_factor = log_factor
+        self.families = tuple(families)
+        m = len(self.families)
+        if m not in GRID_NODES:
+            raise ValueError(f"the grid oracle takes {min(GRID_NODES)} to {max(GRID_NODES)} latent variables, got {m}")
+        self._Z, self._log_w = _product_grid(GRID_NODES[m], m)
+        self._check = _product_grid(_CHECK_NODES[m], m)
+        self._ess_grid = 1.0 / np.sum(np.exp(2 * self._log_w))
+        self.min_resolved = float(min_resolved)
+        self.n_calls = 0
+
+    def __call__(self, messages: Sequence[ExponentialFamily]) -> OracleResult:
+        """Tilted beliefs of every latent variable for a batch of message tuples ``(B,)`` each."""
+        messages = tuple(messages)
+        m = len(self.families)
+        B = len(messages[0])
+        self.n_calls += B
+        stats = np.full((m, B, 3), np.nan)
+        ess = np.zeros(B)
+        # the messages' own Gaussian frames in u (exact moments of u)
+        mom = [msg.unconstrained_moments() for msg in messages]
+        centre = np.stack([np.asarray(mu, float) for mu, _ in mom], axis=1)
+        sd = np.sqrt(np.stack([np.asarray(v, float) for _, v in mom], axis=1))
+        rows_per_chunk = max(1, _CHUNK // self._Z.shape[0])
+        for lo in range(0, B, rows_per_chunk):
+            rows = np.arange(lo, min(B, lo + rows_per_chunk))
+            L0 = sd[rows][:, :, None] * np.eye(m)
+            mu1, cov1, _, _ = self._pass(messages, rows, centre[rows], L0)
+            good = np.isfinite(mu1).all(axis=1) & np.isfinite(cov1).all(axis=(1, 2))
+            good[good] &= well_conditioned(cov1[good])
+            frame = np.where(good[:, None, None], cov1, L0 @ np.swapaxes(L0, 1, 2))
+            centre2 = np.where(good[:, None], mu1, centre[rows])
+            L2 = np.linalg.cholesky(frame)
+            mu2, cov2, s2, e2 = self._pass(messages, rows, centre2, L2)
+            mu3, cov3, _, _ = self._pass(messages, rows, centre2, L2, self._check)
+            with np.errstate(all="ignore"):
+                sd2 = np.sqrt(np.diagonal(cov2, axis1=1, axis2=2))
+                agree = np.all(np.abs(mu3 - mu2) <= _CHECK_MEAN * sd2, axis=1) & np.all(
+                    np.abs(np.log(np.diagonal(cov3, axis1=1, axis2=2) / sd2**2)) <= _CHECK_LOG_VAR, axis=1)
+            stats[:, rows] = s2
+            ess[rows] = np.where(agree, e2, 0.0)
+        accepted = (ess >= self.min_resolved * self._ess_grid) & np.isfinite(stats[..., :2]).all(axis=(0, 2))
+        beliefs, accepted = project_beliefs(self.families, stats, accepted)
+        return OracleResult(beliefs, ess, accepted)
+
+    def _pass(self, messages, rows, centre, L, grid=None):
+        """Tilted mean and covariance in ``u``, statistics ``(m, b, 3)`` and effective nodes ``(b,)``."""
+        Z, log_w = (self._Z, self._log_w) if grid is None else grid
+        m = len(self.families)
+        U = centre[:, None, :] + Z @ np.swapaxes(L, 1, 2)  # (b, G, m)
+        # log N(U; centre, L L^T) up to the constant, which cancels on normalising
+        log_frame = -0.5 * np.sum(Z**2, axis=1) - np.log(np.abs(np.diagonal(L, axis1=1, axis2=2))).sum(axis=1)[:, None]
+        xs, log_msgs = [], 0.0
+        with np.errstate(all="ignore"):
+            for v, fam in enumerate(self.families):
+                u = U[..., v]
+                xs.append(fam.from_unconstrained(u))
+                log_msgs = log_msgs + messages[v][rows].logpdf_unconstrained(u)
+            lp = log_w + self.log_factor(xs, rows) + log_msgs - log_frame
+            lp = np.where(np.isnan(lp), -np.inf, lp)
+            top = lp.max(axis=1, keepdims=True)
+            r = np.exp(lp - np.where(np.isfinite(top), top, 0.0))
+            r = r / r.sum(axis=1, keepdims=True)
+            mu = np.einsum("bg,bgi->bi", r, U)
+            d = U - mu[:, None, :]
+            cov = np.swapaxes(d * r[..., None], 1, 2) @ d
+            out = np.full((m, rows.size, 3), np.nan)
+            for v, fam in enumerate(self.families):
+                T = fam.sufficient_statistics_unconstrained(U[..., v])
+                T = np.where(r[..., None] > 0, T, 0.0)
+                e = np.einsum("bg,bgk->bk", r, T)
+                out[v, :, :2] = e
+                if issubclass(fam, Gaussian):
+                    out[v, :, 2] = cov[:, v, v]
+            ess = 1.0 / np.sum(r**2, axis=1)
+        return mu, cov, out, np.where(np.isfinite(ess), ess, 0.0)
+
+
+def _product_grid(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Standard-normal tensor Gauss-Hermite nodes ``(n**m, m)`` and their log weights."""
+    z, w = np.polynomial.hermite_e.hermegauss(n)
+    Z = np.stack(np.meshgrid(*([z] * m), indexing="ij"), axis=-1).reshape(-1, m)
+    W = np.prod(np.stack(np.meshgrid(*([w] * m), indexing="ij"), axis=-1).reshape(-1, m), axis=1)
+    return Z, np.log(W / W.sum())
+
+
+def well_conditioned(cov: np.ndarray) -> np.ndarray:
+    """Per matrix ``(b, m, m)``: positive definite with room for a Cholesky factorisation.
+
+    A covariance from a few weighted nodes can have an eigenvalue positive by round-off
+    only, which passed ``> 0`` and then failed the Cholesky of the second pass.
+    """
+    ev = np.linalg.eigvalsh(cov)
+    return ev[:, 0] > 1e-10 * np.maximum(ev[:, -1], np.finfo(float).tiny)
