@@ -34,6 +34,7 @@ from pmkjit.families import Gaussian, family_by_name
 from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
 from pmkjit.graph.centre import HIDDEN_PREFIX, centre_non_centred
+from pmkjit.graph.simplex import STICK_PREFIX, stick_break_dirichlet
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
 from pmkjit.graph.observed import default_initial_values, observed_as_data
 
@@ -180,6 +181,7 @@ def fit(
     t_fit = t0 = time.perf_counter()
     with default_initial_values(original):
         model, centred = _centred(original)
+        model, _ = stick_break_dirichlet(model)
     # one rewrite serves the factor graph, the deterministics and the log-likelihood
     model = observed_as_data(model)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
@@ -407,8 +409,10 @@ def _as_original(idata: az.InferenceData, original: pm.Model) -> az.InferenceDat
     """The posterior of a rewritten model with the original model's variables in its order."""
     post = idata.posterior
     order = [n for n in _sample_order(original) if n in post]
-    # (the centred latent of an effect the user did not name is not one of the model's)
-    idata.posterior = post[order + [v for v in post.data_vars if v not in order and not v.startswith(HIDDEN_PREFIX)]]
+    # (the centred latent of an effect the user did not name, and a Dirichlet's stick-breaking
+    # Betas, are not the model's)
+    hidden = (HIDDEN_PREFIX, STICK_PREFIX)
+    idata.posterior = post[order + [v for v in post.data_vars if v not in order and not v.startswith(hidden)]]
     return idata
 
 

@@ -187,3 +187,42 @@ def test_pm_mixture_with_one_batched_component_and_a_latent_weight():
         exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
         assert abs(draws.mean() - exact_mean) < 0.15 * exact_sd, name
         assert 0.8 < draws.std() / exact_sd < 1.2, name
+
+
+def test_dirichlet_mixture_weights_are_stick_broken_and_match_the_exact_posterior():
+    # w ~ Dirichlet(alpha) is exactly v ~ Beta(alpha_0, alpha_1), w = (v, 1 - v): fitted as a
+    # hidden Beta latent, reported as w
+    y = _two_bumps(60, seed=5)
+    with pm.Model() as model:
+        w = pm.Dirichlet("w", np.array([2.0, 3.0]))
+        mu = pm.Normal("mu", [-1.0, 1.0], 3.0, shape=2, transform=pm.distributions.transforms.ordered,
+                       initval=[-1.0, 1.0])
+        pm.NormalMixture("y", w=w, mu=mu, sigma=1.0, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=3, progressbar=False, draws=2000, compute_log_likelihood=False)
+    post = idata.posterior
+    assert list(post.data_vars) == ["w", "mu"]
+    np.testing.assert_allclose(post["w"].sum("w_dim_0").values, 1.0)
+    # exact posterior on a grid over (w0, mu0, mu1), mu0 < mu1
+    wg = np.linspace(0.3, 0.9, 61)[:, None, None]
+    m0 = np.linspace(-2.9, -1.0, 61)[None, :, None]
+    m1 = np.linspace(0.8, 3.2, 61)[None, None, :]
+    logp = stats.beta.logpdf(wg, 2.0, 3.0) + stats.norm.logpdf(m0, -1, 3) + stats.norm.logpdf(m1, 1, 3)
+    for yi in y:
+        logp = logp + np.logaddexp(np.log(wg) + stats.norm.logpdf(yi, m0, 1.0),
+                                   np.log1p(-wg) + stats.norm.logpdf(yi, m1, 1.0))
+    p = np.exp(logp - logp.max())
+    p /= p.sum()
+    for name, grid_values, draws in (("w0", wg, post["w"].values[..., 0]), ("mu0", m0, post["mu"].values[..., 0]),
+                                     ("mu1", m1, post["mu"].values[..., 1])):
+        exact_mean = float(np.sum(p * grid_values))
+        exact_sd = float(np.sqrt(np.sum(p * (grid_values - exact_mean) ** 2)))
+        assert abs(draws.mean() - exact_mean) < 0.1 * exact_sd, name
+        assert 0.85 < draws.std() / exact_sd < 1.15, name
+
+
+def test_a_batched_dirichlet_is_still_refused_by_name():
+    with pm.Model() as model:
+        p = pm.Dirichlet("p", np.ones((2, 3)))
+        pm.Normal("y", p[:, 0].sum(), 1.0, observed=np.array([0.3, 0.5]))
+    with pytest.raises(pmkjit.errors.UnsupportedModelError, match="^p has transform SimplexTransform"):
+        pmkjit.fit(model=model, progressbar=False)

@@ -114,7 +114,7 @@ _OF_DISTRIBUTIONS = {
 # Transforms whose names do not say which constructor the user called
 _TRANSFORM_CONSTRUCTORS = {
     "CholeskyCovPacked": "a covariance from pm.LKJCholeskyCov",
-    "SimplexTransform": "a simplex from pm.Dirichlet",
+    "SimplexTransform": "a batched pm.Dirichlet, or one with latent concentrations",
     "Ordered": "an ordered array other than a vector (transform=ordered)",
     "ZeroSumTransform": "a pm.ZeroSumNormal over several axes",
 }
@@ -344,6 +344,8 @@ class _Builder:
             + "; pmkjit supports latents on the reals, (0, 1) and (0, inf)"
             + ("; for correlated group effects use independent ones with their own scales, or pm.sample"
                if tname == "CholeskyCovPacked" else "")
+            + ("; pmkjit.fit takes a one-dimensional pm.Dirichlet with constant concentrations (as independent "
+               "stick-breaking Betas)" if tname == "SimplexTransform" else "")
         )
 
     # ---------------------------------------------------------- decomposition
