@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
-from scipy import special
+from scipy import special, stats
 
 import pmkjit
 from pmkjit.ep.joint import JointQuadrature, joint_site, slot_sites
@@ -389,9 +389,39 @@ def test_multinomial_counts_with_a_softmax_match_the_exact_posterior():
     np.testing.assert_allclose(np.sqrt(q.var()) / sd, 1.0, atol=0.05)
 
 
-def test_multinomial_with_probabilities_that_are_no_softmax_is_refused_naming_it():
+def test_multinomial_with_a_vector_of_elementwise_probabilities_is_the_beta_binomial_posterior():
+    # p = stack([s, 1 - s]) of a Beta latent: each row's sum_k y_k log p_k is a Beta factor
+    # on s, so the posterior is Beta(1 + 6, 1 + 4) exactly
     with pm.Model() as model:
         s = pm.Beta("s", 1, 1)
         pm.Multinomial("y", n=5, p=pm.math.stack([s, 1 - s]), observed=np.array([[2, 3], [4, 1]]))
-    with pytest.raises(UnsupportedModelError, match=r"^y: pm.Multinomial is supported with p=pm.math.softmax"):
-        build_factor_graph(model)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=4000, compute_log_likelihood=False)
+    draws = idata.posterior["s"].values.ravel()
+    exact = stats.beta(7, 5)
+    assert abs(draws.mean() - exact.mean()) < 0.05 * exact.std()
+    assert abs(draws.std() / exact.std() - 1) < 0.04
+
+
+@pytest.mark.parametrize("outcome", ["categorical", "multinomial"])
+def test_dirichlet_class_probabilities_match_the_conjugate_posterior(outcome):
+    # p ~ Dirichlet(a) read by pm.Categorical(p=p) or pm.Multinomial(n, p=p): fitted as
+    # stick-breaking Betas, whose EP is exact here; the posterior is Dirichlet(a + counts)
+    rng = np.random.default_rng(8)
+    a = np.array([1.0, 2.0, 3.0])
+    with pm.Model() as model:
+        p = pm.Dirichlet("p", a)
+        if outcome == "categorical":
+            y = rng.choice(3, 50, p=[0.2, 0.3, 0.5])
+            pm.Categorical("y", p=p, observed=y)
+            counts = np.bincount(y, minlength=3)
+        else:
+            Y = rng.multinomial(10, [0.2, 0.3, 0.5], size=20)
+            pm.Multinomial("y", n=10, p=p, observed=Y)
+            counts = Y.sum(axis=0)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=4000, compute_log_likelihood=False)
+    post = a + counts
+    mean = post / post.sum()
+    sd = np.sqrt(post * (post.sum() - post) / (post.sum() ** 2 * (post.sum() + 1)))
+    draws = idata.posterior["p"].values.reshape(-1, 3)
+    np.testing.assert_allclose(draws.mean(axis=0), mean, atol=0.05 * sd.min())
+    np.testing.assert_allclose(draws.std(axis=0), sd, rtol=0.04)

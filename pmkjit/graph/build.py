@@ -692,14 +692,22 @@ class _Builder:
         if ordinal is not None:
             self._ordinal(rv, y, mask, *ordinal, rows=rows)
             return
+        # "CategoricalRV" first: pm.OrderedLogistic and pm.OrderedProbit build one too
+        refusal = (f"{rv.name}: CategoricalRV with these class probabilities ({_label(p)}) is not supported: pmkjit "
+                   "reads pm.Categorical with p=pm.math.softmax(eta, axis=-1) or logit_p=eta, eta affine in the "
+                   "real-valued latents (multinomial logistic regression), with one vector p of elementwise "
+                   "expressions shared by all observations (e.g. a pm.Dirichlet), pm.OrderedLogistic and "
+                   "pm.OrderedProbit (sigma=1)")
+        if eta is None and p.ndim == 1:
+            # class probabilities that are elementwise expressions of the latents, one per
+            # class (a Dirichlet's stick-breaking weights): a factor of the latents they read
+            try:
+                self._categorical_probabilities(rv, _last_axis_columns(p), y, mask)
+            except UnsupportedModelError as err:
+                raise UnsupportedModelError(f"{refusal} ({err})") from None
+            return
         if eta is None:
-            # "CategoricalRV" first: pm.OrderedLogistic and pm.OrderedProbit build one too
-            raise UnsupportedModelError(
-                f"{rv.name}: CategoricalRV with these class probabilities ({_label(p)}) is not supported: pmkjit "
-                "reads pm.Categorical with p=pm.math.softmax(eta, axis=-1) or logit_p=eta, eta affine in the "
-                "real-valued latents (multinomial logistic regression), pm.OrderedLogistic and pm.OrderedProbit "
-                "(sigma=1)"
-            )
+            raise UnsupportedModelError(refusal)
         columns, y = _entries(_last_axis_columns(eta), y, mask, rows)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return  # constant class probabilities: a constant factor
@@ -709,6 +717,42 @@ class _Builder:
             lambda flat: pt.special.log_softmax(pt.stack(flat, axis=-1), axis=-1),  # no underflow to log(0)
             what="class predictors",
         )
+
+    def _categorical_probabilities(self, rv: Variable, columns: list, y: np.ndarray, mask) -> None:
+        """``pm.Categorical(p)`` with ``p`` one vector of class probabilities read by every observation.
+
+        ``columns`` are the ``K`` probabilities, expressions of the latents (``w`` of a
+        ``pm.Dirichlet`` is ``K - 1`` stick-breaking Betas, see :mod:`pmkjit.graph.simplex`).
+        Each observation's density is ``log(p_y / sum_k p_k)``, as PyMC normalises ``p``; the
+        factor's inputs are the latents the columns read, with factorised sites (for
+        stick-breaking Betas the tilted law of a class is a product over the sticks, so the
+        sites are exact).
+        """
+        if mask is not None:
+            y = y[mask]
+        if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
+            return
+        K = len(columns)
+        bad = (y < 0) | (y > K - 1) | (y != np.round(y))
+        if bad.any():
+            raise UnsupportedModelError(
+                f"{rv.name}: the observed value {y.ravel()[np.flatnonzero(bad.ravel())[0]]:g} is not a class of this "
+                f"outcome (0 to {K - 1}); pm.sample refuses it too"
+            )
+
+        def log_p(flat: list) -> Variable:
+            probs = pt.stack(flat, axis=-1)
+            return pt.log(probs) - pt.log(pt.sum(probs, axis=-1, keepdims=True))
+
+        def make_dist(flat: list) -> Variable:
+            return pm.Categorical.dist(p=pt.exp(log_p(flat)))
+
+        def make_logp(flat: list, value: Variable) -> Variable:
+            lp = pt.take_along_axis(log_p(flat), pt.cast(value, "int64")[:, None], axis=-1)[:, 0]
+            return pt.switch(pt.isnan(lp), -np.inf, lp)
+
+        self._black_box(rv, columns, y.shape, kind="likelihood", observed=y.ravel(), make_dist=make_dist,
+                        make_logp=make_logp)
 
     def _multinomial(self, rv: Variable, counts: np.ndarray) -> None:
         """``pm.Multinomial(n, p=softmax(eta, axis=-1))``: counts ``(N, K)`` over softmax classes.
@@ -722,25 +766,33 @@ class _Builder:
             raise UnsupportedModelError(f"{rv.name}: a pm.Multinomial with a latent number of trials is not supported")
         p = _unbroadcast(p)
         eta = _softmax_input(p)
-        if eta is None:
+        # p=softmax(eta): the classes' predictors share a joint site; a single vector of
+        # probabilities (a Dirichlet's stick-breaking weights) is read elementwise
+        general = eta is None and p.ndim == 1
+        if eta is None and not general:
             raise UnsupportedModelError(
                 f"{rv.name}: pm.Multinomial is supported with p=pm.math.softmax(eta, axis=-1), eta affine in the "
-                f"real-valued latents; its p here is {_label(p)}"
+                f"real-valued latents, or with one vector p shared by all rows; its p here is {_label(p)}"
             )
-        columns = _last_axis_columns(eta)
+        columns = _last_axis_columns(p if general else eta)
         K = len(columns)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return
         data = [pt.as_tensor_variable(np.ascontiguousarray(counts[:, k])) for k in range(K)]
 
+        def log_probabilities(inputs: Variable) -> Variable:
+            if not general:
+                return pt.special.log_softmax(inputs, axis=-1)
+            return pt.log(inputs) - pt.log(pt.sum(inputs, axis=-1, keepdims=True))  # PyMC normalises p
+
         def log_p(flat: list) -> Variable:
             # the counts are data inputs, whose flat vectors follow the predictors'
             eta_flat, y_flat = flat[:K], flat[K:]
-            return pt.sum(pt.stack(y_flat, axis=-1) * pt.special.log_softmax(pt.stack(eta_flat, axis=-1), axis=-1),
-                          axis=-1)
+            terms = pt.stack(y_flat, axis=-1) * log_probabilities(pt.stack(eta_flat, axis=-1))
+            return pt.sum(pt.switch(pt.eq(pt.stack(y_flat, axis=-1), 0), 0.0, terms), axis=-1)
 
         def make_dist(flat: list) -> Variable:  # a stand-in sampler: EP never draws from a likelihood
-            return pm.Categorical.dist(p=pt.special.softmax(pt.stack(flat[:K], axis=-1), axis=-1))
+            return pm.Categorical.dist(p=pt.exp(log_probabilities(pt.stack(flat[:K], axis=-1))))
 
         def make_logp(flat: list, value: Variable) -> Variable:
             return log_p(flat)
@@ -748,7 +800,8 @@ class _Builder:
         n_factors = len(self.graph.factors)
         self._black_box(rv, columns + data, (counts.shape[0],), kind="likelihood",
                         observed=np.zeros(counts.shape[0]), make_dist=make_dist, make_logp=make_logp)
-        self._make_joint(rv, n_factors, what="class predictors")
+        if not general:
+            self._make_joint(rv, n_factors, what="class predictors")
 
     def _joint_black_box(self, rv: Variable, columns: list, y: np.ndarray, make_p, log_p, what: str) -> None:
         """A categorical likelihood of ``columns`` whose latent inputs share one joint Gaussian site.
