@@ -181,7 +181,7 @@ def fit(
     t_fit = t0 = time.perf_counter()
     with default_initial_values(original):
         model, centred = _centred(original)
-        model, _ = stick_break_dirichlet(model)
+        model = _stick_broken(model)
     # one rewrite serves the factor graph, the deterministics and the log-likelihood
     model = observed_as_data(model)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
@@ -367,6 +367,16 @@ def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         # the rewrite only changes how EP sees a model it could also fit as written: a
         # graph it cannot rewrite (an unusual PyMC construct) is fitted unchanged
         return model, []
+
+
+def _stick_broken(model: pm.Model) -> pm.Model:
+    """``model`` with its Dirichlet latents stick-broken (see :mod:`pmkjit.graph.simplex`)."""
+    try:
+        return stick_break_dirichlet(model)[0]
+    except Exception:  # noqa: BLE001
+        # a graph the rewrite cannot handle keeps its Dirichlet, which the factor graph
+        # then refuses by name
+        return model
 
 
 def _warn_unconditional_centred_draws(model, graph, centred: list[str], given: ConditionalDraws | None) -> None:

@@ -142,23 +142,11 @@ class FactorOracle:
         if self.kind == "quadrature" or not latent:
             # a factor with no latent input (a prior with constant parameters) is a 1-D integral
             beliefs, accepted = self._quadrature(msgs, fams, observed, data)
-            refused = np.flatnonzero(~accepted)
-            if refused.size and latent:
+            if latent:
                 # quadrature refuses tilted laws it cannot resolve (e.g. a funnel); sampling can
-                self.n_fallback += refused.size
-                b_is, a_is = importance(refused)
-                beliefs = tuple(b.scatter(refused, bi) for b, bi in zip(beliefs, b_is))
-                accepted = accepted.copy()
-                accepted[refused] = a_is
+                beliefs, accepted = self._fall_back(beliefs, accepted, importance)
         elif self.kind == "grid":
-            beliefs, accepted = self._grid(msgs, fams, observed, data)
-            refused = np.flatnonzero(~accepted)
-            if refused.size:
-                self.n_fallback += refused.size
-                b_is, a_is = importance(refused)
-                beliefs = tuple(b.scatter(refused, bi) for b, bi in zip(beliefs, b_is))
-                accepted = accepted.copy()
-                accepted[refused] = a_is
+            beliefs, accepted = self._fall_back(*self._grid(msgs, fams, observed, data), importance)
         else:
             beliefs, accepted = importance(np.arange(B))
         # beliefs in target order: latent inputs, then a latent output
@@ -186,6 +174,17 @@ class FactorOracle:
                                       observed=observed, covariates=table)
         result = oracle(tuple(msgs))
         return tuple(result.beliefs), np.asarray(result.accepted, bool)
+
+    def _fall_back(self, beliefs: tuple, accepted: np.ndarray, importance) -> tuple[tuple, np.ndarray]:
+        """Entries a deterministic oracle refused, answered by ``importance(entries)`` instead."""
+        refused = np.flatnonzero(~accepted)
+        if refused.size == 0:
+            return beliefs, accepted
+        self.n_fallback += refused.size
+        b_is, a_is = importance(refused)
+        accepted = accepted.copy()
+        accepted[refused] = a_is
+        return tuple(b.scatter(refused, bi) for b, bi in zip(beliefs, b_is)), accepted
 
     def _grid(self, msgs, fams, observed, data: dict):
         """Gauss-Hermite grid over the latent variables; data and observed values ride along per entry."""
