@@ -187,3 +187,34 @@ def test_pm_mixture_with_one_batched_component_and_a_latent_weight():
         exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
         assert abs(draws.mean() - exact_mean) < 0.15 * exact_sd, name
         assert 0.8 < draws.std() / exact_sd < 1.2, name
+
+
+def test_batched_mixture_with_a_data_column_scale_matches_the_exact_posterior():
+    # sigma = s * x with x a pm.Data column (N, 1): no static length on the mixture's axis,
+    # broadcast along it; taking its entry k = 1 raised an IndexError
+    r = np.random.default_rng(4)
+    n = 80
+    x = r.uniform(0.5, 1.5, n)
+    y = np.where(np.arange(n) < 40, -2.0, 2.0) + x * r.normal(size=n)
+    with pm.Model() as model:
+        scale = pm.Data("scale", x[:, None])
+        mu = pm.Normal("mu", [-2.0, 2.0], 1.5, shape=2)
+        s = pm.HalfNormal("s", 2.0)
+        pm.Mixture("y", w=[0.5, 0.5], comp_dists=pm.Normal.dist(mu, s * scale), observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=2000, compute_log_likelihood=False)
+    assert "y: grid" in idata.ep.attrs["factor_methods"]
+    m0 = np.linspace(-3.2, -0.8, 49)[:, None, None]
+    m1 = np.linspace(0.8, 3.2, 49)[None, :, None]
+    sg = np.linspace(0.5, 1.6, 45)[None, None, :]
+    logp = stats.norm.logpdf(m0, -2, 1.5) + stats.norm.logpdf(m1, 2, 1.5) + stats.halfnorm.logpdf(sg, scale=2)
+    for yi, xi in zip(y, x):
+        logp = logp + np.logaddexp(stats.norm.logpdf(yi, m0, sg * xi), stats.norm.logpdf(yi, m1, sg * xi))
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    post = idata.posterior
+    for name, grid_values, draws in (("mu0", m0, post["mu"].values[..., 0]), ("mu1", m1, post["mu"].values[..., 1]),
+                                     ("s", sg, post["s"].values)):
+        exact_mean = float(np.sum(w * grid_values))
+        exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
+        assert abs(draws.mean() - exact_mean) < 0.15 * exact_sd, name
+        assert 0.8 < draws.std() / exact_sd < 1.2, name
