@@ -89,6 +89,26 @@ def test_grid_matches_a_dense_grid_on_three_latents():
         np.testing.assert_allclose([got_first[1], got_second[1]], [first[1], second[1]], atol=0.01)
 
 
+def test_grid_returns_the_messages_under_a_flat_factor_on_six_latents():
+    # psi = 1: the tilted law is the product of the messages, so each belief is its message
+    # (closed form); entries with different frames, every family, the six-latent grid
+    B = 3
+    means = np.array([-2.0, 0.5, 7.0])
+    messages = (Gaussian(means, np.array([0.5, 2.0, 9.0])), Gaussian(-means, np.full(B, 0.1)),
+                Gamma(np.array([20.0, 40.0, 60.0]), np.array([10.0, 4.0, 30.0])), Gamma(np.full(B, 30.0), np.ones(B)),
+                Beta(np.array([30.0, 40.0, 60.0]), np.array([20.0, 50.0, 30.0])), Gaussian(np.ones(B), np.full(B, 0.3)))
+    families = tuple(type(msg) for msg in messages)
+    result = GridOracle(lambda xs, rows: np.zeros_like(xs[0]), families)(messages)
+    assert result.accepted.all()
+    for got, msg in zip(result.beliefs, messages):
+        if isinstance(msg, Gaussian):
+            np.testing.assert_allclose(got.mean(), msg.mean(), rtol=1e-8, atol=1e-10)
+            np.testing.assert_allclose(got.var(), msg.var(), rtol=1e-8)
+        else:
+            np.testing.assert_allclose(got.expected_sufficient_statistics(), msg.expected_sufficient_statistics(),
+                                       rtol=1e-3)  # 5 nodes per axis
+
+
 def test_grid_answers_a_mixture_of_four_latents_or_refuses_it():
     # a broad incoming Gaussian against a two-component mixture: the tilted law is a sum of
     # narrow bumps that a coarse grid misplaces; every accepted answer must be accurate, and
