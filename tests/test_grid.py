@@ -89,6 +89,26 @@ def test_grid_matches_a_dense_grid_on_three_latents():
         np.testing.assert_allclose([got_first[1], got_second[1]], [first[1], second[1]], atol=0.01)
 
 
+def test_grid_returns_the_messages_under_a_flat_factor_on_six_latents():
+    # psi = 1: the tilted law is the product of the messages, so each belief is its message
+    # (closed form); entries with different frames, every family, the six-latent grid
+    B = 3
+    means = np.array([-2.0, 0.5, 7.0])
+    messages = (Gaussian(means, np.array([0.5, 2.0, 9.0])), Gaussian(-means, np.full(B, 0.1)),
+                Gamma(np.array([20.0, 40.0, 60.0]), np.array([10.0, 4.0, 30.0])), Gamma(np.full(B, 30.0), np.ones(B)),
+                Beta(np.array([30.0, 40.0, 60.0]), np.array([20.0, 50.0, 30.0])), Gaussian(np.ones(B), np.full(B, 0.3)))
+    families = tuple(type(msg) for msg in messages)
+    result = GridOracle(lambda xs, rows: np.zeros_like(xs[0]), families)(messages)
+    assert result.accepted.all()
+    for got, msg in zip(result.beliefs, messages):
+        if isinstance(msg, Gaussian):
+            np.testing.assert_allclose(got.mean(), msg.mean(), rtol=1e-8, atol=1e-10)
+            np.testing.assert_allclose(got.var(), msg.var(), rtol=1e-8)
+        else:
+            np.testing.assert_allclose(got.expected_sufficient_statistics(), msg.expected_sufficient_statistics(),
+                                       rtol=1e-3)  # 5 nodes per axis
+
+
 def test_grid_answers_a_mixture_of_four_latents_or_refuses_it():
     # a broad incoming Gaussian against a two-component mixture: the tilted law is a sum of
     # narrow bumps that a coarse grid misplaces; every accepted answer must be accurate, and
@@ -226,3 +246,34 @@ def test_a_batched_dirichlet_is_still_refused_by_name():
         pm.Normal("y", p[:, 0].sum(), 1.0, observed=np.array([0.3, 0.5]))
     with pytest.raises(pmkjit.errors.UnsupportedModelError, match="^p has transform SimplexTransform"):
         pmkjit.fit(model=model, progressbar=False)
+
+
+def test_batched_mixture_with_a_data_column_scale_matches_the_exact_posterior():
+    # sigma = s * x with x a pm.Data column (N, 1): no static length on the mixture's axis,
+    # broadcast along it; taking its entry k = 1 raised an IndexError
+    r = np.random.default_rng(4)
+    n = 80
+    x = r.uniform(0.5, 1.5, n)
+    y = np.where(np.arange(n) < 40, -2.0, 2.0) + x * r.normal(size=n)
+    with pm.Model() as model:
+        scale = pm.Data("scale", x[:, None])
+        mu = pm.Normal("mu", [-2.0, 2.0], 1.5, shape=2)
+        s = pm.HalfNormal("s", 2.0)
+        pm.Mixture("y", w=[0.5, 0.5], comp_dists=pm.Normal.dist(mu, s * scale), observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=2000, compute_log_likelihood=False)
+    assert "y: grid" in idata.ep.attrs["factor_methods"]
+    m0 = np.linspace(-3.2, -0.8, 49)[:, None, None]
+    m1 = np.linspace(0.8, 3.2, 49)[None, :, None]
+    sg = np.linspace(0.5, 1.6, 45)[None, None, :]
+    logp = stats.norm.logpdf(m0, -2, 1.5) + stats.norm.logpdf(m1, 2, 1.5) + stats.halfnorm.logpdf(sg, scale=2)
+    for yi, xi in zip(y, x):
+        logp = logp + np.logaddexp(stats.norm.logpdf(yi, m0, sg * xi), stats.norm.logpdf(yi, m1, sg * xi))
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    post = idata.posterior
+    for name, grid_values, draws in (("mu0", m0, post["mu"].values[..., 0]), ("mu1", m1, post["mu"].values[..., 1]),
+                                     ("s", sg, post["s"].values)):
+        exact_mean = float(np.sum(w * grid_values))
+        exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
+        assert abs(draws.mean() - exact_mean) < 0.15 * exact_sd, name
+        assert 0.8 < draws.std() / exact_sd < 1.2, name

@@ -1544,11 +1544,30 @@ def _split_batched_component(rv: Variable, component: Variable, weights: Variabl
     def at(p: Variable, k: int) -> Variable:
         if p.ndim == 0:
             return p
-        part = p[..., 0] if p.type.shape[-1] == 1 else p[..., k]
+        part = p[..., 0] if _last_axis_length(p) == 1 else p[..., k]
         return rewrite_graph(part, include=("canonicalize",))
 
     params = _dist_params(component)
     return [_flat_distribution(component, [at(p, k) for p in params]) for k in range(K)]
+
+
+def _last_axis_length(var: Variable) -> int | None:
+    """Length of ``var``'s last axis: static, or inferred from the data it is shaped by (else None).
+
+    A parameter scaled by a ``pm.Data`` column (``sigma=s * x`` with ``x`` of shape ``(N, 1)``)
+    has no static length (shared variables may be resized), but broadcasts along the
+    mixture's axis all the same; taking its entry ``k`` failed with an IndexError.
+    """
+    from pytensor.graph.rewriting.utils import rewrite_graph
+
+    n = var.type.shape[-1]
+    if n is not None:
+        return n
+    # the shape feature reduces the length to the shapes of the inputs it comes from
+    length = rewrite_graph(var.shape[-1], include=("canonicalize", "ShapeOpt"))
+    if _reads_a_random_variable(length):
+        return None
+    return int(length.eval())
 
 
 def _reads_a_random_variable(var: Variable) -> bool:
