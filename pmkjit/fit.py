@@ -790,6 +790,8 @@ def _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, ti
         "gaussian_cov": (("theta", "theta_"), _covariance(state.chol)),
         "convergence": (("sweep",), np.asarray(trace, dtype=float)),
         "oracle_calls": (("factor",), np.asarray([o.n_calls for o in oracles], dtype=int)),
+        # entries quadrature or the grid refused and importance sampling answered instead
+        "oracle_fallbacks": (("factor",), np.asarray([getattr(o, "n_fallback", 0) for o in oracles], dtype=int)),
         "kjit_predictions": (("factor",), np.asarray(
             [k.operator.n_predictions if k is not None else 0 for k in kjits], dtype=int)),
         "factor_size": (("factor",), np.asarray([f.size for f in graph.factors], dtype=int)),

@@ -277,3 +277,19 @@ def test_batched_mixture_with_a_data_column_scale_matches_the_exact_posterior():
         exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
         assert abs(draws.mean() - exact_mean) < 0.15 * exact_sd, name
         assert 0.8 < draws.std() / exact_sd < 1.2, name
+
+
+def test_the_ep_group_counts_the_grid_entries_answered_by_importance_sampling():
+    y = _two_bumps(40, seed=6)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", [-1.0, 1.0], 5.0, shape=2, transform=pm.distributions.transforms.ordered,
+                       initval=[-1.0, 1.0])
+        s = pm.HalfNormal("s", 2.0)
+        pm.NormalMixture("y", w=[0.6, 0.4], mu=mu, sigma=s, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, compute_log_likelihood=False)
+    ep = idata.ep
+    assert "y: grid" in ep.attrs["factor_methods"]
+    k = [str(name).startswith("y: ") for name in ep["oracle_fallbacks"].coords["factor"].values].index(True)
+    fallbacks = int(ep["oracle_fallbacks"].values[k])
+    # the first sweep's broad cavities (prior sd 5) are refused by the grid for some entries
+    assert 0 < fallbacks <= int(ep["oracle_calls"].values[k])
