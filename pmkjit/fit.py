@@ -181,7 +181,7 @@ def fit(
     t_fit = t0 = time.perf_counter()
     with default_initial_values(original):
         model, centred = _centred(original)
-        model = _stick_broken(model)
+        model, _ = _rewritten(stick_break_dirichlet, model)  # Dirichlets as stick-breaking Betas
     # one rewrite serves the factor graph, the deterministics and the log-likelihood
     model = observed_as_data(model)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
@@ -375,24 +375,22 @@ def _drop_repeated_observed(model: pm.Model) -> None:
         lists = getattr(lists, "parent", None)
 
 
-def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
-    """``model`` with its non-centred group effects centred (see :mod:`pmkjit.graph.centre`)."""
+def _rewritten(rewrite, model: pm.Model) -> tuple[pm.Model, list[str]]:
+    """``rewrite(model)`` (a model and the names it rewrote), or ``(model, [])`` where it fails.
+
+    The rewrites only change how EP sees a model it could also take as written: a graph one
+    cannot rewrite (an unusual PyMC construct) goes on unchanged, and a Dirichlet left as it
+    is is then refused by the factor graph, by name.
+    """
     try:
-        return centre_non_centred(model)
+        return rewrite(model)
     except Exception:  # noqa: BLE001
-        # the rewrite only changes how EP sees a model it could also fit as written: a
-        # graph it cannot rewrite (an unusual PyMC construct) is fitted unchanged
         return model, []
 
 
-def _stick_broken(model: pm.Model) -> pm.Model:
-    """``model`` with its Dirichlet latents stick-broken (see :mod:`pmkjit.graph.simplex`)."""
-    try:
-        return stick_break_dirichlet(model)[0]
-    except Exception:  # noqa: BLE001
-        # a graph the rewrite cannot handle keeps its Dirichlet, which the factor graph
-        # then refuses by name
-        return model
+def _centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
+    """``model`` with its non-centred group effects centred (see :mod:`pmkjit.graph.centre`)."""
+    return _rewritten(centre_non_centred, model)
 
 
 def _warn_unconditional_centred_draws(model, graph, centred: list[str], given: ConditionalDraws | None) -> None:

@@ -711,11 +711,11 @@ class _Builder:
         columns, y = _entries(_last_axis_columns(eta), y, mask, rows)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return  # constant class probabilities: a constant factor
-        self._joint_black_box(
+        self._class_factor(
             rv, columns, y,
             lambda flat: pt.special.softmax(pt.stack(flat, axis=-1), axis=-1),
             lambda flat: pt.special.log_softmax(pt.stack(flat, axis=-1), axis=-1),  # no underflow to log(0)
-            what="class predictors",
+            joint="class predictors",
         )
 
     def _categorical_probabilities(self, rv: Variable, columns: list, y: np.ndarray, mask) -> None:
@@ -732,27 +732,12 @@ class _Builder:
             y = y[mask]
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return
-        K = len(columns)
-        bad = (y < 0) | (y > K - 1) | (y != np.round(y))
-        if bad.any():
-            raise UnsupportedModelError(
-                f"{rv.name}: the observed value {y.ravel()[np.flatnonzero(bad.ravel())[0]]:g} is not a class of this "
-                f"outcome (0 to {K - 1}); pm.sample refuses it too"
-            )
 
         def log_p(flat: list) -> Variable:
             probs = pt.stack(flat, axis=-1)
             return pt.log(probs) - pt.log(pt.sum(probs, axis=-1, keepdims=True))
 
-        def make_dist(flat: list) -> Variable:
-            return pm.Categorical.dist(p=pt.exp(log_p(flat)))
-
-        def make_logp(flat: list, value: Variable) -> Variable:
-            lp = pt.take_along_axis(log_p(flat), pt.cast(value, "int64")[:, None], axis=-1)[:, 0]
-            return pt.switch(pt.isnan(lp), -np.inf, lp)
-
-        self._black_box(rv, columns, y.shape, kind="likelihood", observed=y.ravel(), make_dist=make_dist,
-                        make_logp=make_logp)
+        self._class_factor(rv, columns, y, lambda flat: pt.exp(log_p(flat)), log_p, joint=None)
 
     def _multinomial(self, rv: Variable, counts: np.ndarray) -> None:
         """``pm.Multinomial(n, p=softmax(eta, axis=-1))``: counts ``(N, K)`` over softmax classes.
@@ -803,10 +788,13 @@ class _Builder:
         if not general:
             self._make_joint(rv, n_factors, what="class predictors")
 
-    def _joint_black_box(self, rv: Variable, columns: list, y: np.ndarray, make_p, log_p, what: str) -> None:
-        """A categorical likelihood of ``columns`` whose latent inputs share one joint Gaussian site.
+    def _class_factor(self, rv: Variable, columns: list, y: np.ndarray, make_p, log_p, *,
+                      joint: str | None) -> None:
+        """A categorical likelihood of ``columns``.
 
-        ``make_p(flat)`` gives the class probabilities ``(n, K)`` from the flat inputs and
+        ``joint`` names the latent inputs when they share one joint Gaussian site (class
+        predictors, an ordinal outcome's predictor and cutpoints); ``None`` keeps the usual
+        factorised sites (class probabilities read elementwise). ``make_p(flat)`` gives the class probabilities ``(n, K)`` from the flat inputs and
         ``log_p(flat)`` their logarithms. The factor's log-density is ``log_p[y]`` alone,
         ``-inf`` where it is not finite: PyMC's categorical density is ``-inf`` wherever
         any class's probability is negative, which for ordinal cutpoints out of order cut
@@ -838,7 +826,8 @@ class _Builder:
         n_factors = len(self.graph.factors)
         self._black_box(rv, columns, y.shape, kind="likelihood", observed=y.ravel(), make_dist=categorical,
                         make_logp=logp)
-        self._make_joint(rv, n_factors, what)
+        if joint is not None:
+            self._make_joint(rv, n_factors, joint)
 
     def _make_joint(self, rv: Variable, n_factors: int, what: str) -> None:
         """Give the factor just built (if any) one joint Gaussian site over its latent inputs."""
@@ -873,8 +862,8 @@ class _Builder:
         def ordinal_p(flat: list) -> Variable:
             return compute_p(flat[0], pt.stack(flat[1:], axis=-1))
 
-        self._joint_black_box(rv, columns, y, ordinal_p, lambda flat: pt.log(ordinal_p(flat)),
-                              what="linear predictor and cutpoints")
+        self._class_factor(rv, columns, y, ordinal_p, lambda flat: pt.log(ordinal_p(flat)),
+                           joint="linear predictor and cutpoints")
 
     def _check_support(self, rv: Variable, y: np.ndarray) -> None:
         """Refuse observed values of zero density (outside the distribution's support).
