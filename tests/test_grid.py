@@ -140,6 +140,20 @@ def test_grid_oracle_refuses_a_wrong_number_of_latents():
         GridOracle(lambda xs, rows: 0.0, (Gaussian, Gamma))
 
 
+def _assert_draws_match_grid(logp, checks, mean_tol: float, sd_range: tuple[float, float]) -> None:
+    """Draws within ``mean_tol`` exact sds of an unnormalised grid posterior's means, sd ratios in ``sd_range``.
+
+    ``checks``: ``(name, grid values broadcast against logp, draws)`` per scalar latent.
+    """
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    for name, grid_values, draws in checks:
+        exact_mean = float(np.sum(w * grid_values))
+        exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
+        assert abs(draws.mean() - exact_mean) < mean_tol * exact_sd, name
+        assert sd_range[0] < draws.std() / exact_sd < sd_range[1], name
+
+
 def _two_bumps(n=100, seed=0):
     r = np.random.default_rng(seed)
     return np.concatenate([r.normal(-2.0, 1.0, int(0.6 * n)), r.normal(2.0, 1.0, n - int(0.6 * n))])
@@ -165,15 +179,9 @@ def test_normal_mixture_with_batched_components_matches_the_exact_posterior():
     for yi in y:
         logp = logp + np.logaddexp(np.log(0.6) + stats.norm.logpdf(yi, m0, sg),
                                    np.log(0.4) + stats.norm.logpdf(yi, m1, sg))
-    w = np.exp(logp - logp.max())
-    w /= w.sum()
     post = idata.posterior
-    for name, grid_values in (("mu0", m0), ("mu1", m1), ("s", sg)):
-        exact_mean = float(np.sum(w * grid_values))
-        exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
-        draws = post["s"].values if name == "s" else post["mu"].values[..., int(name[-1])]
-        assert abs(draws.mean() - exact_mean) < 0.1 * exact_sd, name
-        assert 0.85 < draws.std() / exact_sd < 1.15, name
+    _assert_draws_match_grid(logp, (("mu0", m0, post["mu"].values[..., 0]), ("mu1", m1, post["mu"].values[..., 1]),
+                                    ("s", sg, post["s"].values)), 0.1, (0.85, 1.15))
 
 
 def test_pm_mixture_with_one_batched_component_and_a_latent_weight():
@@ -198,15 +206,10 @@ def test_pm_mixture_with_one_batched_component_and_a_latent_weight():
     for yi in y:
         logp = logp + np.logaddexp(np.log(pg) + stats.norm.logpdf(yi, m0, sg),
                                    np.log1p(-pg) + stats.norm.logpdf(yi, m1, sg))
-    w = np.exp(logp - logp.max())
-    w /= w.sum()
     post = idata.posterior
-    for name, grid_values, draws in (("p", pg, post["p"].values), ("mu0", m0, post["mu"].values[..., 0]),
-                                     ("mu1", m1, post["mu"].values[..., 1]), ("s", sg, post["s"].values)):
-        exact_mean = float(np.sum(w * grid_values))
-        exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
-        assert abs(draws.mean() - exact_mean) < 0.15 * exact_sd, name
-        assert 0.8 < draws.std() / exact_sd < 1.2, name
+    _assert_draws_match_grid(logp, (("p", pg, post["p"].values), ("mu0", m0, post["mu"].values[..., 0]),
+                                    ("mu1", m1, post["mu"].values[..., 1]), ("s", sg, post["s"].values)),
+                             0.15, (0.8, 1.2))
 
 
 def test_dirichlet_mixture_weights_are_stick_broken_and_match_the_exact_posterior():
@@ -230,14 +233,8 @@ def test_dirichlet_mixture_weights_are_stick_broken_and_match_the_exact_posterio
     for yi in y:
         logp = logp + np.logaddexp(np.log(wg) + stats.norm.logpdf(yi, m0, 1.0),
                                    np.log1p(-wg) + stats.norm.logpdf(yi, m1, 1.0))
-    p = np.exp(logp - logp.max())
-    p /= p.sum()
-    for name, grid_values, draws in (("w0", wg, post["w"].values[..., 0]), ("mu0", m0, post["mu"].values[..., 0]),
-                                     ("mu1", m1, post["mu"].values[..., 1])):
-        exact_mean = float(np.sum(p * grid_values))
-        exact_sd = float(np.sqrt(np.sum(p * (grid_values - exact_mean) ** 2)))
-        assert abs(draws.mean() - exact_mean) < 0.1 * exact_sd, name
-        assert 0.85 < draws.std() / exact_sd < 1.15, name
+    _assert_draws_match_grid(logp, (("w0", wg, post["w"].values[..., 0]), ("mu0", m0, post["mu"].values[..., 0]),
+                                    ("mu1", m1, post["mu"].values[..., 1])), 0.1, (0.85, 1.15))
 
 
 def test_a_batched_dirichlet_is_still_refused_by_name():
@@ -268,15 +265,9 @@ def test_batched_mixture_with_a_data_column_scale_matches_the_exact_posterior():
     logp = stats.norm.logpdf(m0, -2, 1.5) + stats.norm.logpdf(m1, 2, 1.5) + stats.halfnorm.logpdf(sg, scale=2)
     for yi, xi in zip(y, x):
         logp = logp + np.logaddexp(stats.norm.logpdf(yi, m0, sg * xi), stats.norm.logpdf(yi, m1, sg * xi))
-    w = np.exp(logp - logp.max())
-    w /= w.sum()
     post = idata.posterior
-    for name, grid_values, draws in (("mu0", m0, post["mu"].values[..., 0]), ("mu1", m1, post["mu"].values[..., 1]),
-                                     ("s", sg, post["s"].values)):
-        exact_mean = float(np.sum(w * grid_values))
-        exact_sd = float(np.sqrt(np.sum(w * (grid_values - exact_mean) ** 2)))
-        assert abs(draws.mean() - exact_mean) < 0.15 * exact_sd, name
-        assert 0.8 < draws.std() / exact_sd < 1.2, name
+    _assert_draws_match_grid(logp, (("mu0", m0, post["mu"].values[..., 0]), ("mu1", m1, post["mu"].values[..., 1]),
+                                    ("s", sg, post["s"].values)), 0.15, (0.8, 1.2))
 
 
 def test_the_ep_group_counts_the_grid_entries_answered_by_importance_sampling():

@@ -213,7 +213,7 @@ def test_pymc_symbolic_scale_priors_are_black_box_priors(make, scipy_dist):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # PyMC builds hurdle distributions with scan
-def test_a_normal_mixture_with_data_weights_matches_the_grid_posterior():
+def test_a_normal_mixture_with_data_weights_matches_thegrid_moments():
     # pm.NormalMixture(w, mu, sigma) with mu a vector is one batched component, refused until
     # it was split into one Normal per component; the weights may be pm.Data (no static shape)
     r = np.random.default_rng(4)
@@ -233,20 +233,13 @@ def test_a_normal_mixture_with_data_weights_matches_the_grid_posterior():
         for yi in y)
     draws = idata.posterior["mu"].values.reshape(-1, 2)
     for k, g in enumerate((m0, m1)):
-        mean, sd = _grid_posterior(log_post, g)
+        mean, sd = grid_moments(log_post, g)
         assert abs(draws[:, k].mean() - mean) < 0.1 * sd
         assert 0.85 < draws[:, k].std() / sd < 1.15
 
 
-def _grid_posterior(log_post, grid):
-    w = np.exp(log_post - log_post.max())
-    w /= w.sum()
-    mean = np.sum(w * grid)
-    return mean, np.sqrt(np.sum(w * (grid - mean) ** 2))
-
-
 @pytest.mark.parametrize("base", ["normal", "weibull"])
-def test_a_censored_likelihood_matches_the_grid_posterior(base):
+def test_a_censored_likelihood_matches_thegrid_moments(base):
     # pm.Censored was refused as "takes another distribution as a parameter"; it is an
     # elementwise likelihood whose density PyMC knows (the base's logcdf / logccdf at a
     # bound), so it is a black-box factor like pm.Truncated
@@ -278,13 +271,13 @@ def test_a_censored_likelihood_matches_the_grid_posterior(base):
     else:
         d = stats.weibull_min(1.5, scale=np.exp(grid + 0.5 * x))
         ll = np.where(y >= upper, d.logsf(upper), d.logpdf(y))
-    mean, sd = _grid_posterior(stats.norm(0.0, 2.0).logpdf(grid[:, 0]) + ll.sum(axis=1), grid[:, 0])
+    mean, sd = grid_moments(stats.norm(0.0, 2.0).logpdf(grid[:, 0]) + ll.sum(axis=1), grid[:, 0])
     assert abs(q.mean()[0] - mean) < 0.05 * sd
     assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.05
 
 
 @pytest.mark.parametrize("kind", ["zero-inflated", "hurdle"])
-def test_zero_inflated_and_hurdle_likelihoods_match_the_grid_posterior(kind):
+def test_zero_inflated_and_hurdle_likelihoods_match_thegrid_moments(kind):
     # mixtures of DiracDelta(0) and a count distribution were refused as "takes another
     # distribution as a parameter"; their weights stack([1 - psi, psi]) are elementwise
     rng = np.random.default_rng(12)
@@ -312,7 +305,7 @@ def test_zero_inflated_and_hurdle_likelihoods_match_the_grid_posterior(kind):
         rate = np.exp(grid + 0.5 * x)
         lik = np.where(y == 0, 0.4, 0.6 * stats.poisson(rate).pmf(y) / -np.expm1(-rate))
         log_prior = stats.norm(0.0, 2.0).logpdf(grid[:, 0])
-    mean, sd = _grid_posterior(log_prior + np.log(lik).sum(axis=1), grid[:, 0])
+    mean, sd = grid_moments(log_prior + np.log(lik).sum(axis=1), grid[:, 0])
     assert abs(q.mean()[0] - mean) < 0.05 * sd
     assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.05
 
@@ -330,11 +323,11 @@ def _half_censored_normal():
     grid = np.linspace(-2.0, 4.0, 4001)[:, None]
     d = stats.norm(grid, 1.0)
     ll = np.where(y >= upper, d.logsf(np.where(np.isinf(upper), 0.0, upper)), d.logpdf(y))
-    mean, sd = _grid_posterior(stats.norm(0.0, 3.0).logpdf(grid[:, 0]) + ll.sum(axis=1), grid[:, 0])
+    mean, sd = grid_moments(stats.norm(0.0, 3.0).logpdf(grid[:, 0]) + ll.sum(axis=1), grid[:, 0])
     return model, mean, sd
 
 
-def test_censoring_bounds_infinite_for_some_observations_match_the_grid_posterior():
+def test_censoring_bounds_infinite_for_some_observations_match_thegrid_moments():
     # upper=np.where(censored, 1.0, np.inf): refused as data "containing infinite values ...
     # drop or fill the missing entries", though PyMC's censored density reads inf as no bound
     model, mean, sd = _half_censored_normal()
@@ -359,7 +352,7 @@ def test_infinite_censoring_bounds_reach_importance_sampling_as_no_bound():
     assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.1
 
 
-def test_zero_inflation_that_varies_by_observation_matches_the_grid_posterior():
+def test_zero_inflation_that_varies_by_observation_matches_thegrid_moments():
     # psi = sigmoid(a + x) per observation: PyMC stacks the weights as a Join of vectors,
     # which was refused as "depends on latent a through Subtensor (...; inside it: Join)"
     from scipy.special import expit
@@ -375,7 +368,7 @@ def test_zero_inflation_that_varies_by_observation_matches_the_grid_posterior():
     grid = np.linspace(-3.0, 4.0, 4001)[:, None]
     p = expit(grid + x)
     lik = np.where(y == 0, (1 - p) + p * np.exp(-3.0), p * stats.poisson(3.0).pmf(y))
-    mean, sd = _grid_posterior(stats.norm(0.0, 2.0).logpdf(grid[:, 0]) + np.log(lik).sum(axis=1), grid[:, 0])
+    mean, sd = grid_moments(stats.norm(0.0, 2.0).logpdf(grid[:, 0]) + np.log(lik).sum(axis=1), grid[:, 0])
     assert abs(q.mean()[0] - mean) < 0.05 * sd
     assert abs(np.sqrt(q.var()[0]) / sd - 1.0) < 0.05
 
@@ -1225,7 +1218,7 @@ def _grid_moments(grid: np.ndarray, log_post: np.ndarray) -> tuple[float, float]
 
 @pytest.mark.parametrize("case", ["zero-truncated Poisson", "truncated StudentT"])
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # PyMC's truncated Poisson sampler calls pytensor's scan
-def test_a_truncated_likelihood_of_any_base_matches_the_grid_posterior(case):
+def test_a_truncated_likelihood_of_any_base_matches_thegrid_moments(case):
     # pm.Truncated of anything but a Normal (PyMC's generic TruncatedRV) crashed the walk
     # with PyMC's "extended_signature must be provided"; once read, its absent upper bound
     # (the constant inf), broadcast to the batch, made PyMC's truncated StudentT density
@@ -1293,7 +1286,7 @@ def test_a_gaussian_random_walk_with_a_constant_step_is_exact():
         np.testing.assert_allclose(q.var().reshape(2, T)[b], var, rtol=1e-7)
 
 
-def test_a_gaussian_random_walk_with_a_latent_step_size_against_the_grid_posterior():
+def test_a_gaussian_random_walk_with_a_latent_step_size_against_thegrid_moments():
     # the local-level model: the step size's posterior on a grid, the path's by mixing the
     # exact Gaussian posteriors given each step size. The increments' factors share s and
     # EP's factorised sites ignore their correlation: s comes out wider (documented)
