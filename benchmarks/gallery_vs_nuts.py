@@ -364,6 +364,20 @@ def mixture_latent_weight(seed):
     return m
 
 
+def mixture_latent_weight_500(seed):
+    """The Beta-weight mixture at N = 500 (weights 0.3 / 0.7): EP's undamped first sweep lands where no
+    update of the mixture's sites is admissible, and ``damping="auto"`` restarts it damped."""
+    rng = np.random.default_rng(seed)
+    y = np.where(rng.random(500) < 0.3, rng.normal(-2.0, 1.0, 500), rng.normal(2.0, 1.0, 500))
+    with pm.Model() as m:
+        p = pm.Beta("p", 2.0, 2.0)
+        mu = pm.Normal("mu", [-1.0, 1.0], 5.0, shape=2, transform=pm.distributions.transforms.ordered,
+                       initval=[-1.0, 1.0])
+        s = pm.HalfNormal("s", 2.0)
+        pm.Mixture("y", w=pm.math.stack([p, 1.0 - p]), comp_dists=pm.Normal.dist(mu, s), observed=y)
+    return m
+
+
 def dirichlet_mixture(seed):
     """The same data under pm.NormalMixture with w ~ Dirichlet([1, 1]) (fitted as a stick-breaking Beta)."""
     y = _two_bumps(np.random.default_rng(seed))
@@ -416,6 +430,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "multinomial_logistic": multinomial_logistic, "iris_multinomial": iris_multinomial,
     "ordered_logistic": ordered_logistic, "ordered_probit": ordered_probit,
     "normal_mixture": normal_mixture, "mixture_latent_weight": mixture_latent_weight,
+    "mixture_latent_weight_500": mixture_latent_weight_500,
     "dirichlet_mixture": dirichlet_mixture,
     "studentt_latent_nu": studentt_latent_nu, "best": best,
 }

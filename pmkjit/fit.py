@@ -21,7 +21,7 @@ from pytensor.graph.traversal import ancestors
 from pmkjit import __version__  # defined before pmkjit imports this module
 from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
-from pmkjit.ep import engine
+from pmkjit.ep import engine, schedule
 from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
 from pmkjit.ep.methods import FactorOracle, KJITMethod, grid_possible, quadrature_possible
 from pmkjit.ep.joint import JointQuadrature
@@ -41,11 +41,9 @@ from pmkjit.graph.observed import default_initial_values, observed_as_data
 __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 
 _METHODS = ("kjit", "oracle", "quadrature")
-_MIN_AUTO_DAMPING = 0.05
-_REVERT_FACTOR = 2.0  # a sweep changing the posterior this many times more than the last kept ones is undone
-# a sweep retried at half the step after being undone is kept if its distance is still more
-# than this fraction of the undone one's: the step was not what made it large
-_FUTILE_RETRY = 0.75
+# fixed damping of the restart after an adaptive run converged with rejected updates
+# (the N = 500 mixture above fitted with 0.3 from the first sweep: p 0.28 +- 0.02)
+_RESTART_DAMPING = 0.3
 _ORACLES = ("auto", "quadrature", "importance")
 _THREADED_BLAS_DIM = 1000  # larger joint Gaussians factorise faster on all cores
 
@@ -102,9 +100,14 @@ def fit(
     damping : "auto" or float in (0, 1]
         Weight of new sites in each EP update. ``"auto"`` starts undamped and halves
         the weight (down to 0.05) after a sweep that changes the posterior more than the
-        last kept sweep (an overshoot or oscillation); a sweep that changes it more than
-        twice as much is also undone (above 0.05). A sweep that changes it less than
-        half as much as the last one doubles the weight (up to 1). A float fixes it.
+        larger of the last two kept sweeps (an overshoot), or on a slow period-2
+        oscillation (successive changes in opposite directions, shrinking by less than
+        half over two sweeps); a sweep that changes it more than twice as much is also
+        undone (above 0.05). A sweep that changes it less than half as much as the last
+        one doubles the weight (up to 1). If EP converges with site updates rejected
+        (each would have made the posterior improper), it starts again from the priors
+        with a fixed damping of 0.3 (``ep.attrs["restarts"]``). A float fixes the
+        damping. See :mod:`pmkjit.ep.schedule`.
     max_sweeps : int
     tol : float
         Convergence: largest change of a posterior mean (in posterior sds) or log sd
@@ -201,86 +204,32 @@ def fit(
         state, prior = engine.init(graph, rng)
         timings["init"] = time.perf_counter() - t0
 
-        unanswered = rejected = 0
-        trace, events = [], {"skipped_improper_cavity": 0, "damping_halvings": 0, "rejected_updates": 0,
-                             "unanswered": 0, "reverted_sweeps": 0}
-        converged = not graph.factors
-        # distances still to go (change / step) of the sweeps kept (the trace also has undone ones)
-        accepted: list[float] = []
-        last_undone: float | None = None  # distance of the sweep just undone, if the last one was
-        sweeps = 0
-        limit_step = step  # damping of the last sweep: convergence needs change < tol * that
         t_ep = time.perf_counter()
         with _progress(progressbar, max_sweeps if graph.factors else 0) as advance:
-            for sweeps in range(1, (max_sweeps if graph.factors else 0) + 1):
-                previous = state
-                state, info = engine.sweep(graph, prior, state, methods, damping=step)
-                info.sweep = sweeps
-                if callback is not None:
-                    callback(info)
-                # A damped sweep moves a fraction ``step`` of the way: change / step estimates
-                # the distance still to go, so heavy damping cannot pass for convergence.
-                limit_step = step
-                # A sweep that moved no site because every answer was refused (a tilted law
-                # the oracle could not resolve, an update that broke the posterior) changes
-                # nothing: that is a stall, not convergence.
-                stalled = info.updated == 0 and info.unanswered + info.rejected_updates > 0
-                done = info.max_change < tol * step and not stalled
-                # Sweeps are compared by that distance, not by their raw changes: a sweep
-                # after the step was doubled moves twice as far by design. Comparing raw
-                # changes called it an overshoot and halved the step again, a cycle between
-                # two steps (0.05 and 0.1 on a LogNormal regression with a HalfCauchy scale:
-                # not converged in 50 sweeps, where damping=1 converges in 9).
-                distance = info.max_change / step
-                # Parallel EP often contracts with a period-2 wobble (small, large, smaller,
-                # ...): measured against the last kept sweep alone, every large one of a
-                # converging wobble was an overshoot. Against the larger of the last two,
-                # only a sweep that moves farther than both is.
-                reference = max(accepted[-2:]) if accepted else np.inf
-                overshoot = adaptive and distance > reference
-                # Parallel updates of many sites computed from one cavity overshoot where
-                # the latents are strongly correlated (a logistic regression on an
-                # uncentred covariate: b0 and b1 at correlation -0.98). Keeping the
-                # overshoot threw EP 30-60 posterior sds away, where a KJIT operator,
-                # trained nearer the start, then answered unsure of nothing: a sweep that
-                # more than doubles the last kept change is undone and retried with half
-                # the step. A mild increase is kept (and the step halved): undoing those
-                # too left a hierarchical model crawling at step 0.125 without converging
-                # in 50 sweeps.
-                # A retried sweep that moves as far at half the step as it did undone is not
-                # an overshoot of the step, so undoing it again would only repeat it: on
-                # crossed random effects (5 x 4 levels) each such run undid six sweeps down
-                # to the smallest step, then climbed back, and EP did not converge in 50
-                # sweeps where damping=1 converges in 30.
-                futile = last_undone is not None and distance > _FUTILE_RETRY * last_undone
-                reverted = (overshoot and distance > _REVERT_FACTOR * reference
-                            and step > _MIN_AUTO_DAMPING and not futile)
-                last_undone = distance if reverted else None
-                if overshoot:
-                    step = max(0.5 * step, _MIN_AUTO_DAMPING)
-                elif adaptive and accepted and (distance < 0.5 * accepted[-1] or (
-                        len(accepted) >= 2 and accepted[-1] < accepted[-2])):
-                    # contracting fast, or steadily (two kept sweeps in a row): a step halved
-                    # early (often in the first sweeps) need not stay small, where each sweep
-                    # closes only that fraction of the gap (a damped sweep's distance shrinks
-                    # by about the step, never by half)
-                    step = min(2.0 * step, 1.0)
-                trace.append(info.max_change)
-                for k, v in info.seconds.items():
-                    timings[k] = timings.get(k, 0.0) + v
-                advance(info.max_change)
-                if reverted:
-                    state = previous
-                    events["reverted_sweeps"] += 1
-                    continue
-                accepted.append(distance)
-                for k in events:
-                    events[k] += getattr(info, k, 0)
-                if done:
-                    converged = True
-                    unanswered, rejected = info.unanswered, info.rejected_updates
-                    break
+            run = schedule.run(graph, prior, state, methods, damping=step, adaptive=adaptive, tol=tol,
+                               max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings)
+            restarted = adaptive and run.converged and run.rejected > 0
+            if restarted:
+                # A factor whose every update would make the posterior improper keeps its
+                # old sites, and the sweep changes nothing there: the convergence test
+                # cannot tell that from a fixed point. A two-component mixture with a
+                # latent weight (N = 500) "converged" in 3 sweeps with the means 48 NUTS
+                # sds off: its undamped first sweep, every site computed from the prior,
+                # had put the posterior where no later update was admissible. Started
+                # again from the priors with a fixed damping, it fits.
+                again = schedule.run(graph, prior, engine.init(graph, rng)[0], methods, damping=_RESTART_DAMPING,
+                                     adaptive=False, tol=tol, max_sweeps=max_sweeps, callback=callback,
+                                     advance=advance, timings=timings, first_sweep=run.sweeps + 1)
+                if again.converged and not again.rejected:
+                    again.trace = run.trace + again.trace
+                    again.sweeps += run.sweeps
+                    again.events = {k: v + again.events[k] for k, v in run.events.items()}
+                    run = again
         timings["ep"] = time.perf_counter() - t_ep
+        state, trace, events, sweeps = run.state, run.trace, run.events, run.sweeps
+        converged, unanswered, rejected, step, limit_step = (
+            run.converged, run.unanswered, run.rejected, run.step, run.limit_step)
+        events["restarts"] = int(restarted)
         if converged and unanswered:
             # the posterior stopped moving, but not everywhere for the right reason: an
             # entry whose tilted moments were refused keeps a site from an earlier sweep (a
@@ -294,18 +243,15 @@ def fit(
                 stacklevel=2,
             )
         if converged and rejected:
-            # a factor whose every update would make the posterior improper keeps its old
-            # sites, and the sweep changes nothing there: the test above cannot tell that
-            # from a fixed point (a two-component mixture with a latent weight, N = 500:
-            # "converged" in 3 sweeps with the means 48 NUTS sds off and sds 6-13 times NUTS's;
-            # its undamped first sweep, every site computed from the prior, put the posterior
-            # there, and damping=0.3 from the start fitted it: p 0.28 +- 0.02, means -1.96
-            # and 2.06, generated with 0.3, -2 and 2)
+            # with damping="auto", only when the damped restart above did not converge
+            # cleanly either (its run is dropped, and this one's sites are returned)
             warnings.warn(
                 f"EP converged with {rejected} site update{'s' if rejected > 1 else ''} rejected in its last sweep "
                 "(each would have made the posterior improper, even damped); those sites are from an earlier "
-                "sweep and EP stopped short of a fixed point: the posterior may be far off. A fixed damping from "
-                "the first sweep (e.g. damping=0.3) often avoids this; compare with pm.sample",
+                "sweep and EP stopped short of a fixed point: the posterior may be far off. "
+                + (f"A restart from the priors with damping={_RESTART_DAMPING} did not converge without rejected "
+                   "updates either; compare with pm.sample" if restarted else
+                   "A fixed damping from the first sweep (e.g. damping=0.3) often avoids this; compare with pm.sample"),
                 UserWarning,
                 stacklevel=2,
             )

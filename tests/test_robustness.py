@@ -1485,6 +1485,48 @@ def test_convergence_with_updates_rejected_is_warned_about(monkeypatch):
         s = pm.HalfNormal("s", 1)
         pm.StudentT("y", nu=4, mu=mu, sigma=1, observed=r.standard_t(4, 20) + 1)
         pm.Normal("z", 0, s, observed=r.normal(0, 0.5, 20))
-    with pytest.warns(UserWarning, match=r"EP converged with 20 site updates rejected in its last sweep"):
+    with pytest.warns(UserWarning, match=r"EP converged with 20 site updates rejected in its last sweep.*"
+                                         r"restart from the priors with damping=0.3 did not converge"):
         idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, compute_log_likelihood=False)
     assert idata.ep.attrs["converged"] and calls["y"] > 1
+    assert idata.ep.attrs["restarts"] == 1
+
+
+def _student_and_normal(r):
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 10)
+        s = pm.HalfNormal("s", 1)
+        pm.StudentT("y", nu=4, mu=mu, sigma=1, observed=r.standard_t(4, 20) + 1)
+        pm.Normal("z", 0, s, observed=r.normal(0, 0.5, 20))
+    return model
+
+
+def test_convergence_with_updates_rejected_restarts_from_the_priors_damped(monkeypatch):
+    """The adaptive run that stops on rejected updates is started again from the priors with
+    a fixed damping of 0.3; when that one converges cleanly its posterior is returned, and it
+    is the fixed point a damping=0.3 fit finds."""
+    reference = pmkjit.fit(model=_student_and_normal(np.random.default_rng(0)), random_seed=1, damping=0.3,
+                           progressbar=False, compute_log_likelihood=False)
+    update = engine._damped_update
+    calls = {"y": 0}
+
+    def reject_y_undamped_after_the_first_sweep(graph, prior, sites, state, fi, use, new, damping, info):
+        if graph.factors[fi].name == "y":
+            calls["y"] += 1
+            if calls["y"] > 1 and damping == 1.0:
+                info.rejected_updates += int(use.size)
+                return sites, state
+        return update(graph, prior, sites, state, fi, use, new, damping, info)
+
+    monkeypatch.setattr(engine, "_damped_update", reject_y_undamped_after_the_first_sweep)
+    dampings = []
+    idata = pmkjit.fit(model=_student_and_normal(np.random.default_rng(0)), random_seed=1, progressbar=False,
+                       compute_log_likelihood=False, callback=lambda info: dampings.append(info.damping))
+    ep = idata.ep.attrs
+    first = dampings.index(0.3)  # the restart's first sweep
+    assert ep["converged"] and ep["restarts"] == 1 and ep["rejected_updates"] == 20 * (first - 1)
+    assert set(dampings[:first]) == {1.0} and set(dampings[first:]) == {0.3}
+    assert ep["sweeps"] == len(dampings) == idata.ep["convergence"].size
+    for name in ("mu", "s"):
+        got, want = idata.posterior[name], reference.posterior[name]
+        assert abs(float(got.mean() - want.mean())) < 0.1 * float(want.std())

@@ -55,6 +55,9 @@ class EPInfo:
     ----------
     max_change : float
         Largest change of a posterior mean (in sds) or log sd over the sweep.
+    change : ndarray
+        The signed changes behind ``max_change``: every scalar latent's mean shift in
+        its new sd, then the change of its log sd (NaN where undefined).
     skipped_improper_cavity, damping_halvings, rejected_updates, unanswered : int
         Guard events of the sweep.
     updated : int
@@ -74,6 +77,7 @@ class EPInfo:
     """
 
     max_change: float
+    change: np.ndarray = field(default_factory=lambda: np.zeros(0))
     skipped_improper_cavity: int = 0
     damping_halvings: int = 0
     rejected_updates: int = 0
@@ -320,7 +324,8 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
                                       info)
         info.seconds["update"] = info.seconds.get("update", 0.0) + time.perf_counter() - t1
     state.sites = sites
-    info.max_change = _change(before, _summary(graph, state))
+    info.change = _change(before, _summary(graph, state))
+    info.max_change = float(np.nanmax(np.abs(info.change))) if info.change.size else 0.0
     return state, info
 
 
@@ -402,11 +407,9 @@ def _summary(graph: FactorGraph, state: EPState) -> tuple[np.ndarray, np.ndarray
             np.concatenate([s.ravel() for _, s in mom.values()]))
 
 
-def _change(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
-    """Largest change of a posterior marginal: mean shift in new sds, or change of log sd."""
-    if a[0].size == 0:
-        return 0.0
+def _change(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Signed change of every posterior marginal: mean shift in new sds, then change of log sd."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        shift = np.abs(b[0] - a[0]) / b[1]
-        scale = np.abs(np.log(b[1]) - np.log(a[1]))
-    return float(np.nanmax(np.concatenate([shift, scale])))
+        shift = (b[0] - a[0]) / b[1]
+        scale = np.log(b[1]) - np.log(a[1])
+    return np.concatenate([shift, scale])
