@@ -272,13 +272,15 @@ def test_a_covariance_with_a_latent_scale_is_refused_naming_the_variable(observe
         build_factor_graph(model)
 
 
-def test_a_mean_that_is_not_affine_is_refused_naming_the_variable():
+@pytest.mark.parametrize("positive", [False, True])
+def test_a_mean_that_is_not_affine_in_real_latents_is_refused_naming_the_variable(positive):
     with pm.Model() as model:
-        m = pm.Normal("m", 0.0, 1.0, shape=3)
-        b = pm.MvNormal("b", mu=pm.math.exp(m), cov=S)
+        m = pm.HalfNormal("m", 1.0) if positive else pm.Normal("m", 0.0, 1.0, shape=3)
+        b = pm.MvNormal("b", mu=m * np.ones(3) if positive else pm.math.exp(m), cov=S)
         pm.Normal("y", b, 1.0, observed=np.zeros(3))
-    with pytest.raises(UnsupportedModelError, match=r"^b: the mean of this MvNormal depends on latent m in a way "
-                                                    r"that is not affine"):
+    why = "m is not real-valued" if positive else "it is not affine in them"
+    with pytest.raises(UnsupportedModelError, match=rf"^b: the mean of this MvNormal depends on latent m, and {why}; "
+                                                    r"pmkjit supports MvNormal latents"):
         build_factor_graph(model)
 
 

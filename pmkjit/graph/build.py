@@ -1112,10 +1112,13 @@ class _Builder:
         L = self._mvnormal_cholesky(rv, cov, plate)
         mean = self._affine_mean(mu, plate, name)
         if mean is None:
-            deps = [d.name for d in latent_ancestors(mu, self.latent_rvs)]
+            deps = latent_ancestors(mu, self.latent_rvs)
+            outside = [d.name for d in deps if not self.variables[d.name].in_gaussian_block]
+            why = (f"{', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not real-valued" if outside
+                   else "it is not affine in them")
             raise UnsupportedModelError(
-                f"{name}: the mean of this MvNormal depends on latent {', '.join(deps)} in a way that is not affine "
-                f"in the real-valued latents ({_label(mu)}); pmkjit supports MvNormal {_MVNORMAL_SUPPORTED}"
+                f"{name}: the mean of this MvNormal depends on latent {', '.join(d.name for d in deps)}, and {why}; "
+                f"pmkjit supports MvNormal {_MVNORMAL_SUPPORTED}"
             )
         A, c = mean
         if prior:  # the residual x - mu, "observed" at 0
