@@ -325,14 +325,15 @@ def test_the_posterior_has_pm_samples_variables_dims_and_coords():
 
 def test_a_multivariate_likelihood_with_missing_entries_is_refused_naming_its_distribution():
     # a NaN in some entries of an MvNormal row makes PyMC wrap the whole variable in a
-    # PartialObservedRV: the refusal named that ("multivariate likelihood PartialObservedRV")
+    # PartialObservedRV: the refusal named that ("multivariate likelihood PartialObservedRV");
+    # an observed MvNormal is now supported, rows missing whole too, but not partly missing rows
     Y = np.random.default_rng(0).normal(size=(20, 2))
     Y[3, 1] = np.nan
 
     def build():
         pm.MvNormal("Y", pm.Normal("mu", 0.0, 1.0, shape=2), np.eye(2), observed=Y)
 
-    with pytest.raises(UnsupportedModelError, match=r"^Y_observed: multivariate likelihood MvNormalRV is not"):
+    with pytest.raises(UnsupportedModelError, match=r"^Y: 1 rows of this observed MvNormal have some entries missing"):
         build_factor_graph(_model(build))
 
 

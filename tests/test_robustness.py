@@ -1432,18 +1432,6 @@ def test_a_non_centred_effect_after_a_varying_term_is_centred_too():
                                    err_msg=name)
 
 
-def test_an_lkj_covariance_is_refused_naming_its_constructor():
-    # the message said only "chol has transform CholeskyCovPacked" (robustness round 12)
-    rng = np.random.default_rng(0)
-    with pm.Model() as model:
-        chol, _, _ = pm.LKJCholeskyCov("chol", n=2, eta=2.0, sd_dist=pm.Exponential.dist(1.0), compute_corr=True)
-        ab = pm.MvNormal("ab", mu=np.zeros(2), chol=chol, shape=(5, 2))
-        pm.Normal("y", ab[rng.integers(0, 5, 40), 0], 1.0, observed=rng.normal(size=40))
-    with pytest.raises(UnsupportedModelError, match=r"^chol has transform CholeskyCovPacked \(a covariance from "
-                                                    r"pm\.LKJCholeskyCov, which pmkjit does not support\)"):
-        build_factor_graph(model)
-
-
 def test_a_posterior_predictive_check_between_two_fits_does_not_count_the_likelihood_twice():
     """pm.sample_posterior_predictive(idata) extends model.observed_RVs in place with the
     observed variables again (PyMC 5.28, whenever idata has observed_data); the next fit

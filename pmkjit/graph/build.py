@@ -342,11 +342,28 @@ class _Builder:
         raise UnsupportedModelError(
             f"{name} has transform {tname}" + (f" ({what}, which pmkjit does not support)" if what else "")
             + "; pmkjit supports latents on the reals, (0, 1) and (0, inf)"
-            + ("; for correlated group effects use independent ones with their own scales, or pm.sample"
-               if tname == "CholeskyCovPacked" else "")
+            + (self._latent_covariance_readers(rv) + "; for correlated group effects use independent ones with "
+               "their own scales, or pm.sample" if tname == "CholeskyCovPacked" else "")
             + ("; pmkjit.fit takes a one-dimensional pm.Dirichlet with constant concentrations (as independent "
                "stick-breaking Betas)" if tname == "SimplexTransform" else "")
         )
+
+    def _latent_covariance_readers(self, rv: Variable) -> str:
+        """``"; it is the covariance of MvNormal b, ..."``: the MvNormals whose covariance reads ``rv``.
+
+        The refusal of a ``pm.LKJCholeskyCov`` is raised on the Cholesky latent, before any
+        MvNormal is reached: this names the variables the user wrote with it, and what
+        pmkjit supports for them.
+        """
+        readers = [
+            other.name for other in self.model.basic_RVs
+            if type(other.owner.op).__name__ == "MvNormalRV"
+            and latent_ancestors(other.owner.op.dist_params(other.owner)[1], [rv])
+        ]
+        if not readers:
+            return ""
+        return (f"; it is the covariance of MvNormal {', '.join(readers)}, and pmkjit supports MvNormal "
+                f"{_MVNORMAL_SUPPORTED}")
 
     # ---------------------------------------------------------- decomposition
     def _decompose(self, var: Variable, plate: tuple[int, ...], owner: str) -> dict:
@@ -533,7 +550,7 @@ class _Builder:
             if opname == "NormalRV" and self._try_normal_scale(rv, params, prior=True):
                 return
             if opname == "MvNormalRV":
-                self._mvnormal_prior(rv, params)
+                self._mvnormal(rv, params, prior=True)
                 return
             if opname == "RandomWalkRV":
                 self._random_walk_prior(rv)
@@ -579,6 +596,15 @@ class _Builder:
             self._multinomial(rv, y)
             self._check_support(rv, y)
             return
+        if type(op).__name__ == "MvNormalRV":
+            # rows missing whole (NaN everywhere) are already gone: PyMC imputes them as a
+            # separate MvNormal latent that nothing reads (drawn from its predictive)
+            params = [lift_indexing(p) for p in _dist_params(rv)]
+            if any(latent_ancestors(p, self.latent_rvs) for p in params):
+                self._mvnormal(rv, params, prior=False, y=y)
+            return  # no latent parameter: a constant factor
+        if partial is not None and type(partial[0].owner.op).__name__ == "MvNormalRV":
+            _refuse_partly_missing_rows(rv, partial[1])
         if getattr(op, "ndim_supp", 0) != 0:
             # named by the distribution, not by PyMC's PartialObservedRV around it (an
             # MvNormal with a NaN in some of a row's entries)
@@ -896,6 +922,20 @@ class _Builder:
             return None
         return _finite(evaluate_constant(p), owner, p)
 
+    def _affine_mean(self, mu: Variable, plate: tuple[int, ...], owner: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``mu`` broadcast to ``plate`` and flattened, as ``(A, c)`` with ``mu = A @ theta + c``.
+
+        A constant has ``A = 0``; ``None`` when ``mu`` reads a latent outside the Gaussian
+        block or is not affine in it (the caller then tries another factor or refuses).
+        """
+        value = self._constant(mu, owner)
+        if value is not None:
+            B = int(np.prod(plate, dtype=int))
+            return np.zeros((B, self.graph.n_theta)), self._broadcast(value, plate, owner, mu)
+        if not all(self.variables[d.name].in_gaussian_block for d in latent_ancestors(mu, self.latent_rvs)):
+            return None
+        return affine_coefficients(mu, self.block, self.graph.n_theta, plate, self.rng)
+
     def _try_gaussian_term(self, rv, params, *, prior: bool, y=None, rows=None, plate=None, label=None) -> bool:
         """Exact Normal factor: constant scale, affine mean.
 
@@ -908,19 +948,11 @@ class _Builder:
             return False
         if plate is None:
             plate = self.variables[rv.name].shape if prior else y.shape
-        mu_v = self._constant(mu, rv.name)
-        D = self.graph.n_theta
-        B = int(np.prod(plate, dtype=int))
-        if mu_v is not None:
-            A, c = np.zeros((B, D)), self._broadcast(mu_v, plate, rv.name, mu)
-        else:
-            deps = latent_ancestors(mu, self.latent_rvs)
-            if not all(self.variables[d.name].in_gaussian_block for d in deps):
-                return False
-            affine = affine_coefficients(mu, self.block, D, plate, self.rng)
-            if affine is None:
-                return False
-            A, c = affine
+        mean = self._affine_mean(mu, plate, rv.name)
+        if mean is None:
+            return False
+        A, c = mean
+        B = c.shape[0]
         prec = 1.0 / self._broadcast(sigma_v, plate, rv.name, sigma) ** 2
         if prior:
             unit = _unit_rows(self.variables[rv.name], self.graph.n_theta) if rows is None else rows
@@ -951,19 +983,12 @@ class _Builder:
                 break
         else:
             return False
-        mu_v = self._constant(mu, rv.name)
-        if mu_v is not None and not prior:
+        if not prior and self._constant(mu, rv.name) is not None:
             return False  # a constant mean leaves one latent: plain 1-D quadrature is exact
-        if mu_v is not None:
-            A, c = np.zeros((B, D)), self._broadcast(mu_v, plate, rv.name, mu)
-        else:
-            mdeps = latent_ancestors(mu, self.latent_rvs)
-            if not all(self.variables[d.name].in_gaussian_block for d in mdeps):
-                return False
-            affine = affine_coefficients(mu, self.block, D, plate, self.rng)
-            if affine is None:
-                return False
-            A, c = affine
+        mean = self._affine_mean(mu, plate, rv.name)
+        if mean is None:
+            return False
+        A, c = mean
         if prior:  # the residual x - mu, "observed" at 0
             A, c, observed = (_unit_rows(var, D) if rows is None else rows) - A, -c, np.zeros(B)
         else:
@@ -1060,23 +1085,92 @@ class _Builder:
             np.full(cols.shape[0], _ZERO_SUM_PRECISION)))
         self.graph.zero_sum.append(rv.name)
 
-    def _mvnormal_prior(self, rv, params) -> None:
-        mu, cov = params
-        mu_v, cov_v = self._constant(mu, rv.name), self._constant(cov, rv.name)
-        var = self.variables[rv.name]
-        if mu_v is None or cov_v is None or cov_v.ndim != 2 or len(var.shape) != 1:
-            raise UnsupportedModelError(
-                f"{rv.name}: MvNormal latents need a constant mean and covariance (one vector, no batch)"
-            )
-        L = np.linalg.cholesky(cov_v)
-        # whiten: L^{-1} (x - mu) ~ N(0, I), rows of L^{-1} E_x by a triangular solve
-        from scipy.linalg import solve_triangular
+    def _mvnormal(self, rv: Variable, params: Sequence[Variable], *, prior: bool,
+                  y: np.ndarray | None = None) -> None:
+        """``pm.MvNormal`` as an exact Gaussian factor: constant covariance, affine mean.
 
-        R = solve_triangular(L, _unit_rows(var, self.graph.n_theta), lower=True)
-        c = -solve_triangular(L, np.broadcast_to(mu_v, var.shape), lower=True)
-        self.graph.gaussian_terms.append(
-            GaussianTerm(f"prior of {rv.name}", R, c, np.zeros(var.size), np.ones(var.size))
-        )
+        Each row ``x_b`` of the variable's batch (the last axis is the vector; a latent's
+        rows are its own entries of ``theta``, an observed one's are the data ``y_b``) has
+        the factor ``N(x_b; A_b theta + c_b, Sigma_b)``. With ``Sigma_b = L_b L_b^T`` it is
+        ``prod_k N(0; [L_b^{-1} (x_b - A_b theta - c_b)]_k, 1)`` up to a constant: unit
+        precisions on the rows whitened by a triangular solve (no inverse). Any mean that is
+        constant or affine in the real latents works (``mu=mu_global`` of a hierarchy,
+        ``mu=X @ B`` of a multi-output regression), as does any parametrisation that folds
+        to a constant covariance (``cov=``, ``chol=``, ``tau=``, batched or not).
+
+        Raises
+        ------
+        UnsupportedModelError
+            For a covariance that depends on a latent (``pm.LKJCholeskyCov``, a latent
+            scale), one that is not symmetric positive definite, or a mean that is not
+            affine in the real-valued latents.
+        """
+        mu, cov = params
+        name = rv.name
+        plate = self.variables[name].shape if prior else y.shape
+        D, K = self.graph.n_theta, plate[-1]
+        L = self._mvnormal_cholesky(rv, cov, plate)
+        mean = self._affine_mean(mu, plate, name)
+        if mean is None:
+            deps = latent_ancestors(mu, self.latent_rvs)
+            outside = [d.name for d in deps if not self.variables[d.name].in_gaussian_block]
+            why = (f"{', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not real-valued" if outside
+                   else "it is not affine in them")
+            raise UnsupportedModelError(
+                f"{name}: the mean of this MvNormal depends on latent {', '.join(d.name for d in deps)}, and {why}; "
+                f"pmkjit supports MvNormal {_MVNORMAL_SUPPORTED}"
+            )
+        A, c = mean
+        if prior:  # the residual x - mu, "observed" at 0
+            R, c, target = _unit_rows(self.variables[name], D) - A, -c, np.zeros(c.shape[0])
+        else:
+            R, target = A, y.ravel()
+        rows = np.concatenate([R, c[:, None], target[:, None]], axis=1)
+        white = _whiten(L, rows.reshape(-1, K, D + 2)).reshape(-1, D + 2)
+        self.graph.gaussian_terms.append(GaussianTerm(
+            f"prior of {name}" if prior else f"likelihood of {name}",
+            white[:, :D], white[:, D], white[:, D + 1], np.ones(white.shape[0]),
+        ))
+
+    def _mvnormal_cholesky(self, rv: Variable, cov: Variable, plate: tuple[int, ...]) -> np.ndarray:
+        """Cholesky factor of an MvNormal's constant covariance: ``(K, K)``, or ``(B, K, K)`` per row.
+
+        One factor when every row has the same covariance (the usual case, and one
+        triangular solve for all rows), one per row of the batch otherwise.
+        """
+        name, K = rv.name, plate[-1]
+        deps = latent_ancestors(cov, self.latent_rvs)
+        if deps:
+            raise UnsupportedModelError(
+                f"{name}: the covariance of this MvNormal depends on latent {', '.join(d.name for d in deps)}, "
+                f"which is not supported; pmkjit supports MvNormal {_MVNORMAL_SUPPORTED} (for correlated effects "
+                "with a latent covariance, use independent ones with their own scales, or pm.sample)"
+            )
+        value = np.asarray(self._constant(cov, name), dtype=float)
+        try:
+            covs = np.broadcast_to(value, plate[:-1] + (K, K)).reshape(-1, K, K)
+        except ValueError:
+            raise UnsupportedModelError(
+                f"{name}: its covariance of shape {value.shape} does not broadcast to the batch {plate[:-1]} of "
+                f"{K} x {K} matrices"
+            ) from None
+        if covs.shape[0] == 0:
+            return np.eye(K)
+        if np.all(covs == covs[0]):
+            covs = covs[:1]
+        # relative to each matrix's largest entry: chol @ chol.T or PyMC's inverse of tau= may
+        # round an off-diagonal pair differently
+        scale = np.abs(covs).max(axis=(-2, -1), keepdims=True)
+        if not np.all(np.abs(covs - np.swapaxes(covs, -1, -2)) <= 1e-10 * scale):
+            raise UnsupportedModelError(f"{name}: the covariance of this MvNormal is not symmetric")
+        try:
+            L = np.linalg.cholesky(covs)
+        except np.linalg.LinAlgError:
+            raise UnsupportedModelError(
+                f"{name}: the covariance of this MvNormal is not positive definite (its Cholesky factorisation "
+                "failed)"
+            ) from None
+        return L[0] if L.shape[0] == 1 else L
 
     def _try_conjugate(self, rv, opname, params, y) -> bool:
         pos, family, natural_fn, link = _CONJUGATE[opname]
@@ -1379,6 +1473,29 @@ def _unit_rows(var: LatentVariable, n_theta: int) -> np.ndarray:
     return rows
 
 
+def _whiten(L: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """``L_b^{-1} M_b`` for each ``b`` by triangular solves.
+
+    Parameters
+    ----------
+    L : ndarray, (K, K) or (B, K, K)
+        Lower Cholesky factors: one shared by every ``b``, or one each.
+    M : ndarray, (B, K, m)
+
+    Returns
+    -------
+    ndarray, (B, K, m)
+    """
+    from scipy.linalg import solve_triangular
+
+    if L.ndim == 3:
+        return solve_triangular(L, M, lower=True)  # batched since SciPy 1.15
+    B, K, m = M.shape
+    # one factor: a single solve with the rows' columns side by side
+    out = solve_triangular(L, np.moveaxis(M, 1, 0).reshape(K, B * m), lower=True)
+    return np.moveaxis(out.reshape(K, B, m), 0, 1)
+
+
 def _conjugate_prior(opname: str, family: type, consts: list) -> np.ndarray | None:
     """Natural parameters of a prior in the variable's own family, if it is one."""
     if family is Gamma and opname == "GammaRV":
@@ -1429,6 +1546,9 @@ def _inner_operations(var: Variable, latents: Sequence[Variable], limit: int = 3
 _CONSTANT_ATOL = 1e-12
 _NO_SAMPLER = ("{name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
                "(give it random= or write it with dist=)")
+# what the MvNormal refusals say is supported
+_MVNORMAL_SUPPORTED = ("latents and likelihoods with a constant covariance (cov=, chol= or tau= of constants or "
+                       "data, batched or not) and a mean that is constant or affine in the real-valued latents")
 _ZERO_SUM_PRECISION = 1e8  # of a ZeroSumNormal's sum: no variance in the model, sd 1e-4 in EP's
 
 
@@ -1607,6 +1727,31 @@ def _partial_observed(rv: Variable) -> tuple[Variable, np.ndarray] | None:
     base.name = rv.name
     missing = np.asarray(evaluate_constant(mask), dtype=bool)
     return base, ~np.broadcast_to(missing, tuple(int(d) for d in evaluate_constant(whole.shape)))
+
+
+def _refuse_partly_missing_rows(rv: Variable, observed: np.ndarray) -> None:
+    """Refuse an observed MvNormal with NaN in some, not all, entries of a row.
+
+    Such a row's likelihood would be exact (the marginal of its observed entries), but PyMC
+    imputes its missing entries through a ``PartialObservedRV`` of the whole variable, and
+    their predictive draws after EP (forward draws of whole rows) would ignore the row's
+    observed entries, which in an MvNormal they depend on.
+
+    Parameters
+    ----------
+    rv : the observed output of the ``PartialObservedRV`` (named ``<name>_observed``)
+    observed : bool array of the whole variable's shape, True where an entry is observed
+    """
+    name = rv.name[: -len("_observed")] if rv.name.endswith("_observed") else rv.name
+    partly = observed.any(axis=-1) & ~observed.all(axis=-1)
+    first = np.argwhere(partly)[0].tolist() if partly.any() else []
+    raise UnsupportedModelError(
+        f"{name}: {int(partly.sum())} rows of this observed MvNormal have some entries missing (NaN) and others "
+        f"observed (the first is row {first}); pmkjit supports rows that are observed whole or missing whole "
+        "(those are drawn from their predictive), since the missing entries of a partly observed row would have "
+        "to be drawn given its observed ones: drop those rows, fill their missing entries, or set the whole row "
+        "to NaN"
+    )
 
 
 def _dist_params(rv: Variable) -> list[Variable]:
