@@ -41,9 +41,6 @@ from pmkjit.graph.observed import default_initial_values, observed_as_data
 __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 
 _METHODS = ("kjit", "oracle", "quadrature")
-# fixed damping of the restart after an adaptive run converged with rejected updates
-# (the N = 500 mixture above fitted with 0.3 from the first sweep: p 0.28 +- 0.02)
-_RESTART_DAMPING = 0.3
 _ORACLES = ("auto", "quadrature", "importance")
 _THREADED_BLAS_DIM = 1000  # larger joint Gaussians factorise faster on all cores
 
@@ -104,10 +101,12 @@ def fit(
         oscillation (successive changes in opposite directions, shrinking by less than
         half over two sweeps); a sweep that changes it more than twice as much is also
         undone (above 0.05). A sweep that changes it less than half as much as the last
-        one doubles the weight (up to 1). If EP converges with site updates rejected
-        (each would have made the posterior improper), it starts again from the priors
-        with a fixed damping of 0.3 (``ep.attrs["restarts"]``). A float fixes the
-        damping. See :mod:`pmkjit.ep.schedule`.
+        one doubles the weight (up to 1). A sweep in which a factor's update was
+        rejected (it would have made the posterior improper) halves the weight and does
+        not count as convergence; if the last sweep still had one, EP starts again from
+        the priors at the smallest weight, which the same rules then raise
+        (``ep.attrs["restarts"]``). A float fixes the damping. See
+        :mod:`pmkjit.ep.schedule`.
     max_sweeps : int
     tol : float
         Convergence: largest change of a posterior mean (in posterior sds) or log sd
@@ -208,18 +207,19 @@ def fit(
         with _progress(progressbar, max_sweeps if graph.factors else 0) as advance:
             run = schedule.run(graph, prior, state, methods, damping=step, adaptive=adaptive, tol=tol,
                                max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings)
-            restarted = adaptive and run.converged and run.rejected > 0
+            restarted = adaptive and run.rejected > 0
             if restarted:
-                # A factor whose every update would make the posterior improper keeps its
-                # old sites, and the sweep changes nothing there: the convergence test
-                # cannot tell that from a fixed point. A two-component mixture with a
-                # latent weight (N = 500) "converged" in 3 sweeps with the means 48 NUTS
-                # sds off: its undamped first sweep, every site computed from the prior,
-                # had put the posterior where no later update was admissible. Started
-                # again from the priors with a fixed damping, it fits.
-                again = schedule.run(graph, prior, engine.init(graph, rng)[0], methods, damping=_RESTART_DAMPING,
-                                     adaptive=False, tol=tol, max_sweeps=max_sweeps, callback=callback,
-                                     advance=advance, timings=timings, first_sweep=run.sweeps + 1)
+                # Updates still rejected in the last sweep, even at the smallest step: a
+                # two-component mixture with a latent weight (N = 500) "converged" in 3
+                # sweeps with the means 48 NUTS sds off, its sites stuck where its undamped
+                # first sweep had put them. In parallel EP the first sweep computes every
+                # site from the priors' cavities, and 500 sites on one latent overshoot
+                # together; started again from the priors at the smallest step, which the
+                # schedule then raises while the sweeps contract, it fits.
+                again = schedule.run(graph, prior, engine.init(graph, rng)[0], methods,
+                                     damping=schedule.MIN_AUTO_DAMPING, adaptive=True, tol=tol,
+                                     max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings,
+                                     first_sweep=run.sweeps + 1)
                 if again.converged and not again.rejected:
                     again.trace = run.trace + again.trace
                     again.sweeps += run.sweeps
@@ -242,16 +242,17 @@ def fit(
                 UserWarning,
                 stacklevel=2,
             )
-        if converged and rejected:
-            # with damping="auto", only when the damped restart above did not converge
-            # cleanly either (its run is dropped, and this one's sites are returned)
+        if rejected:
+            # a factor whose every update would make the posterior improper keeps its old
+            # sites; with damping="auto" only when the restart above did not fit either
+            # (its run is dropped, and the first one's sites are returned)
             warnings.warn(
-                f"EP converged with {rejected} site update{'s' if rejected > 1 else ''} rejected in its last sweep "
-                "(each would have made the posterior improper, even damped); those sites are from an earlier "
-                "sweep and EP stopped short of a fixed point: the posterior may be far off. "
-                + (f"A restart from the priors with damping={_RESTART_DAMPING} did not converge without rejected "
-                   "updates either; compare with pm.sample" if restarted else
-                   "A fixed damping from the first sweep (e.g. damping=0.3) often avoids this; compare with pm.sample"),
+                f"EP {'converged' if converged else 'stopped'} with {rejected} site update{'s' if rejected > 1 else ''} "
+                "rejected in its last sweep (each would have made the posterior improper, even damped); those "
+                "sites are from an earlier sweep and EP stopped short of a fixed point: the posterior may be far "
+                "off. " + ("A restart from the priors at the smallest damping did not converge without rejected "
+                           "updates either; compare with pm.sample" if restarted else
+                           'damping="auto" (the default) restarts from the priors in this case; compare with pm.sample'),
                 UserWarning,
                 stacklevel=2,
             )

@@ -1450,36 +1450,6 @@ def test_a_posterior_predictive_check_between_two_fits_does_not_count_the_likeli
     np.testing.assert_array_equal(again.posterior["w"].values, first.posterior["w"].values)
 
 
-def test_convergence_with_updates_rejected_is_warned_about(monkeypatch):
-    """A factor whose every update would make the posterior improper keeps its old sites:
-    the sweep changes nothing there, which the convergence test alone took for a fixed point
-    (a Normal mixture with a latent weight, N = 500: "converged" in 3 sweeps, 48 NUTS sds
-    off). fit converges as before, and says so."""
-    update = engine._damped_update
-    calls = {"y": 0}
-
-    def reject_y_after_the_first_sweep(graph, prior, sites, state, fi, use, new, damping, info):
-        if graph.factors[fi].name == "y":
-            calls["y"] += 1
-            if calls["y"] > 1:
-                info.rejected_updates += int(use.size)
-                return sites, state
-        return update(graph, prior, sites, state, fi, use, new, damping, info)
-
-    monkeypatch.setattr(engine, "_damped_update", reject_y_after_the_first_sweep)
-    r = np.random.default_rng(0)
-    with pm.Model() as model:
-        mu = pm.Normal("mu", 0, 10)
-        s = pm.HalfNormal("s", 1)
-        pm.StudentT("y", nu=4, mu=mu, sigma=1, observed=r.standard_t(4, 20) + 1)
-        pm.Normal("z", 0, s, observed=r.normal(0, 0.5, 20))
-    with pytest.warns(UserWarning, match=r"EP converged with 20 site updates rejected in its last sweep.*"
-                                         r"restart from the priors with damping=0.3 did not converge"):
-        idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, compute_log_likelihood=False)
-    assert idata.ep.attrs["converged"] and calls["y"] > 1
-    assert idata.ep.attrs["restarts"] == 1
-
-
 def _student_and_normal(r):
     with pm.Model() as model:
         mu = pm.Normal("mu", 0, 10)
@@ -1489,31 +1459,73 @@ def _student_and_normal(r):
     return model
 
 
-def test_convergence_with_updates_rejected_restarts_from_the_priors_damped(monkeypatch):
-    """The adaptive run that stops on rejected updates is started again from the priors with
-    a fixed damping of 0.3; when that one converges cleanly its posterior is returned, and it
-    is the fixed point a damping=0.3 fit finds."""
-    reference = pmkjit.fit(model=_student_and_normal(np.random.default_rng(0)), random_seed=1, damping=0.3,
-                           progressbar=False, compute_log_likelihood=False)
-    update = engine._damped_update
-    calls = {"y": 0}
+def _rejecting_y(monkeypatch, first_run_only: bool):
+    """Reject every update of factor y after its first (in the first run only, if asked:
+    a restart calls engine.init again)."""
+    update, init = engine._damped_update, engine.init
+    calls = {"y": 0, "init": 0}
 
-    def reject_y_undamped_after_the_first_sweep(graph, prior, sites, state, fi, use, new, damping, info):
+    def counting_init(graph, rng, *args, **kwargs):
+        calls["init"] += 1
+        return init(graph, rng, *args, **kwargs)
+
+    def reject_y(graph, prior, sites, state, fi, use, new, damping, info):
         if graph.factors[fi].name == "y":
             calls["y"] += 1
-            if calls["y"] > 1 and damping == 1.0:
+            if calls["y"] > 1 and not (first_run_only and calls["init"] > 1):
                 info.rejected_updates += int(use.size)
                 return sites, state
         return update(graph, prior, sites, state, fi, use, new, damping, info)
 
-    monkeypatch.setattr(engine, "_damped_update", reject_y_undamped_after_the_first_sweep)
+    monkeypatch.setattr(engine, "init", counting_init)
+    monkeypatch.setattr(engine, "_damped_update", reject_y)
+    return calls
+
+
+def test_updates_rejected_to_the_end_are_not_convergence_and_are_warned_about(monkeypatch):
+    """A factor whose every update would make the posterior improper keeps its old sites:
+    the sweep changes nothing there, which the convergence test alone took for a fixed point
+    (a Normal mixture with a latent weight, N = 500: "converged" in 3 sweeps, 48 NUTS sds
+    off). With damping="auto" such sweeps halve the step and do not converge; the restart
+    from the priors fails too here, and fit says so."""
+    calls = _rejecting_y(monkeypatch, first_run_only=False)
+    dampings = []
+    with pytest.warns(UserWarning, match=r"EP stopped with 20 site updates rejected in its last sweep.*"
+                                         r"restart from the priors at the smallest damping did not converge"), \
+            pytest.warns(pmkjit.EPNotConvergedWarning):
+        idata = pmkjit.fit(model=_student_and_normal(np.random.default_rng(0)), random_seed=1, progressbar=False,
+                           compute_log_likelihood=False, callback=lambda info: dampings.append(info.damping))
+    ep = idata.ep.attrs
+    assert not ep["converged"] and ep["restarts"] == 1 and calls["init"] == 2
+    # The first run's record is returned: its step halves on every rejecting sweep, and a
+    # rejection at the smallest step ends the run. The restart starts there and ends at once.
+    assert ep["sweeps"] == 7 and dampings[:7] == [1.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 0.05]
+    assert dampings[7:] == [0.05]
+
+
+def test_a_fixed_damping_converging_with_rejected_updates_is_warned_about(monkeypatch):
+    _rejecting_y(monkeypatch, first_run_only=False)
+    with pytest.warns(UserWarning, match=r"EP converged with 20 site updates rejected in its last sweep.*"
+                                         r'damping="auto" \(the default\) restarts from the priors'):
+        idata = pmkjit.fit(model=_student_and_normal(np.random.default_rng(0)), random_seed=1, progressbar=False,
+                           compute_log_likelihood=False, damping=0.5)
+    assert idata.ep.attrs["converged"] and idata.ep.attrs["restarts"] == 0
+
+
+def test_updates_rejected_to_the_end_restart_from_the_priors_and_fit(monkeypatch):
+    """When the restart converges without rejected updates its posterior is returned, and it
+    is the posterior of an undisturbed fit."""
+    reference = pmkjit.fit(model=_student_and_normal(np.random.default_rng(0)), random_seed=1,
+                           progressbar=False, compute_log_likelihood=False)
+    calls = _rejecting_y(monkeypatch, first_run_only=True)
     dampings = []
     idata = pmkjit.fit(model=_student_and_normal(np.random.default_rng(0)), random_seed=1, progressbar=False,
                        compute_log_likelihood=False, callback=lambda info: dampings.append(info.damping))
     ep = idata.ep.attrs
-    first = dampings.index(0.3)  # the restart's first sweep
-    assert ep["converged"] and ep["restarts"] == 1 and ep["rejected_updates"] == 20 * (first - 1)
-    assert set(dampings[:first]) == {1.0} and set(dampings[first:]) == {0.3}
+    assert ep["converged"] and ep["restarts"] == 1 and calls["init"] == 2
+    first = 7  # sweeps 2-7 of the first run rejected y's updates, at steps 1 down to 0.05
+    assert ep["rejected_updates"] == 20 * (first - 1) and dampings[:first] == [1.0, 1.0, 0.5, 0.25, 0.125, 0.0625, 0.05]
+    assert dampings[first] == 0.05 and max(dampings[first:]) == 1.0  # the restart's step grew back
     assert ep["sweeps"] == len(dampings) == idata.ep["convergence"].size
     for name in ("mu", "s"):
         got, want = idata.posterior[name], reference.posterior[name]

@@ -88,8 +88,9 @@ def test_studentt_with_a_latent_nu_converges_by_halving_on_its_oscillation():
     import pmkjit
     import pymc as pm
 
-    rng = np.random.default_rng(5)
-    x = rng.normal(0, 1, 60)
+    rng = np.random.default_rng(5)  # the gallery's data (benchmarks/gallery_vs_nuts.py, seed 5)
+    x = rng.normal(size=60)
+    rng.choice(60, 8, replace=False)
     y = 1.0 + 0.5 * x + rng.standard_t(4.0, 60)
 
     def model():
@@ -106,9 +107,10 @@ def test_studentt_with_a_latent_nu_converges_by_halving_on_its_oscillation():
 
 
 @pytest.mark.slow
-def test_a_large_mixture_stuck_on_rejected_updates_is_restarted_and_fits():
+def test_a_large_mixture_whose_updates_are_rejected_at_step_one_fits_at_a_smaller_step():
     """N = 500 two-component mixture with a Beta weight: the undamped first sweep left every
-    later update of the mixture's sites inadmissible ("converged" 48 NUTS sds off)."""
+    later update of the mixture's sites inadmissible at step 1 ("converged" in 3 sweeps, 48
+    NUTS sds off). Rejected sweeps now halve the step until the updates are admitted."""
     import pmkjit
     import pymc as pm
 
@@ -125,5 +127,5 @@ def test_a_large_mixture_stuck_on_rejected_updates_is_restarted_and_fits():
         return m
 
     idata = pmkjit.fit(model=model(), random_seed=0, progressbar=False, compute_log_likelihood=False)
-    assert idata.ep.attrs["converged"] and idata.ep.attrs["restarts"] == 1
+    assert idata.ep.attrs["converged"] and idata.ep.attrs["rejected_updates"] > 0
     _assert_near_nuts(idata, _nuts_moments(model(), ["p", "mu", "s"]), z_max=0.3, ratio=(0.8, 1.25))

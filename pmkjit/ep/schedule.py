@@ -6,6 +6,10 @@ the damping to what the sweeps do:
 
 * a sweep that moves farther than the larger of the last two kept ones (an overshoot)
   halves the damping; one that moves more than twice as far is also undone;
+* a sweep in which a factor's update was rejected (it would have made the posterior
+  improper, even at a sixteenth of the step) halves the damping too, and is not taken
+  for convergence: the factor's sites did not move because they could not; one at the
+  smallest damping ends the run (``pmkjit.fit`` then starts again from the priors);
 * a sweep that moves less than half as far as the last one, or two shrinking sweeps in
   a row, double it (up to 1);
 * a slow period-2 oscillation (successive changes pointing in opposite directions while
@@ -60,7 +64,7 @@ class EPRun:
         Sweeps run, undone ones included.
     converged : bool
     unanswered, rejected : int
-        Unanswered instances and rejected site updates of the converged sweep.
+        Unanswered instances and rejected site updates of the last kept sweep.
     step : float
         Damping the next sweep would have used.
     limit_step : float
@@ -126,7 +130,11 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         # the oracle could not resolve, an update that broke the posterior) changes
         # nothing: that is a stall, not convergence.
         stalled = info.updated == 0 and info.unanswered + info.rejected_updates > 0
-        done = info.max_change < tol * step and not stalled
+        # A factor whose update was rejected (it would have made the posterior improper even
+        # at a sixteenth of the step) kept its old sites: the sweep changed nothing there,
+        # which is no evidence of a fixed point, and the step was too large for it.
+        rejected = adaptive and info.rejected_updates > 0
+        done = info.max_change < tol * step and not stalled and not rejected
         # Sweeps are compared by that distance, not by their raw changes: a sweep
         # after the step was doubled moves twice as far by design. Comparing raw
         # changes called it an overshoot and halved the step again, a cycle between
@@ -138,7 +146,7 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         # converging wobble was an overshoot. Against the larger of the last two,
         # only a sweep that moves farther than both is.
         reference = max(accepted[-2:]) if accepted else np.inf
-        overshoot = adaptive and distance > reference
+        overshoot = adaptive and (distance > reference or rejected)
         # Parallel updates of many sites computed from one cavity overshoot where
         # the latents are strongly correlated (a logistic regression on an
         # uncentred covariate: b0 and b1 at correlation -0.98). Keeping the
@@ -193,9 +201,13 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         last_change = info.change
         for k in EVENTS:
             out.events[k] += getattr(info, k)
+        out.unanswered, out.rejected = info.unanswered, info.rejected_updates
         if done:
             out.converged = True
-            out.unanswered, out.rejected = info.unanswered, info.rejected_updates
+            break
+        if rejected and out.limit_step <= MIN_AUTO_DAMPING:
+            # rejected at the smallest step: more sweeps from here only repeat it (each
+            # costs a full sweep of tilted moments), so the caller may start afresh
             break
     out.step = step
     return out
