@@ -209,13 +209,13 @@ def fit(
                                max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings)
             restarted = adaptive and run.rejected > 0
             if restarted:
-                # Updates still rejected in the last sweep, even at the smallest step: a
-                # two-component mixture with a latent weight (N = 500) "converged" in 3
-                # sweeps with the means 48 NUTS sds off, its sites stuck where its undamped
-                # first sweep had put them. In parallel EP the first sweep computes every
-                # site from the priors' cavities, and 500 sites on one latent overshoot
-                # together; started again from the priors at the smallest step, which the
-                # schedule then raises while the sweeps contract, it fits.
+                # Updates still rejected in the last sweep, even at the smallest step: the
+                # sites are stuck where earlier sweeps put them. In parallel EP the first
+                # sweep computes every site from the priors' cavities, and hundreds of sites
+                # on one latent overshoot together (a two-component mixture with a latent
+                # weight, N = 500, "converged" so 48 NUTS sds off before rejected sweeps
+                # halved the step); a run that starts at the smallest step, which the
+                # schedule raises while the sweeps contract, does not take that first leap.
                 again = schedule.run(graph, prior, engine.init(graph, rng)[0], methods,
                                      damping=schedule.MIN_AUTO_DAMPING, adaptive=True, tol=tol,
                                      max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings,
