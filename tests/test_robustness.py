@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 
@@ -1581,3 +1582,29 @@ def test_a_switch_affine_in_the_real_latents_stays_one_linear_slot():
         pm.Bernoulli("y", logit_p=pm.math.where(x > 0, b1 * x, b2 * x), observed=(x > 0.3).astype(int))
     (f,) = build_factor_graph(model).factors
     assert f.name == "y" and f.size == 30
+
+
+def test_draws_where_the_data_are_impossible_are_warned_about():
+    """``Uniform(0, theta)``: the posterior of ``theta`` is zero below the largest observation,
+    which EP's Gamma marginal does not respect. The warning's share of draws is the share of
+    ``theta`` draws below ``max(y)``, counted here from the draws themselves (and read from
+    100 draws without a log-likelihood group). A shifted exponential with a Normal ``loc``
+    (robustness round 15) had come out with every observation impossible at every draw,
+    ``loc`` at 61 where the data put it below 2.007, with no word of it."""
+    fit_module = sys.modules["pmkjit.fit"]  # the package's fit is the function
+    y = np.random.default_rng(51).uniform(0, 3.0, 20)
+    with pm.Model() as model:
+        theta = pm.HalfNormal("theta", 5)
+        pm.Uniform("y", 0, theta, observed=y)
+    with pytest.warns(UserWarning, match="zero density") as record:
+        idata = pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    share = float(np.mean(idata.posterior["theta"].values < y.max()))
+    assert 0.01 < share < 0.5
+    (message,) = [str(w.message) for w in record if "zero density" in str(w.message)]
+    assert message.startswith("y: ") and f"at {share:.0%} of the posterior draws" in message
+    del idata.log_likelihood
+    with pytest.warns(UserWarning, match=r"zero density at \d+% of the posterior draws") as record:
+        fit_module._warn_impossible_observations(idata, model)
+    (message,) = [str(w.message) for w in record]
+    thinned = float(re.search(r"at (\d+)%", message).group(1)) / 100
+    assert abs(thinned - share) < 0.1  # 100 of the 2,000 draws
