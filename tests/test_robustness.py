@@ -1633,3 +1633,24 @@ def test_a_latent_student_t_nu_is_warned_about_and_too_narrow_against_the_grid()
     mean, sd = grid_moments(logp, n)
     assert abs(post["nu"].mean()[0] - mean) < 0.2 * sd
     assert np.sqrt(post["nu"].var()[0]) < 0.85 * sd
+
+
+def test_a_latent_truncation_lives_within_its_base_support():
+    """PyMC's transform of ``pm.Truncated(pm.Gamma.dist(2, 1), upper=6)`` is ``(-inf, 6)``: the
+    refusal named that interval and advised ``6 -`` a positive latent. Within the Gamma's
+    support it is ``(0, 6)``; a Gamma truncated below -1 is the Gamma itself, fitted as a
+    positive latent (its Exponential observations are conjugate: the closed form)."""
+    y = np.random.default_rng(61).exponential(1 / 2.5, 50)
+    with pm.Model() as model:
+        lam = pm.Truncated("lam", pm.Gamma.dist(2, 1), upper=6)
+        pm.Exponential("y", lam, observed=y)
+    with pytest.raises(UnsupportedModelError, match=r"lam lives on \(0, 6\).*rescale it to \(0, 1\)"):
+        build_factor_graph(model)
+    with pm.Model() as model:
+        lam = pm.Truncated("lam", pm.Gamma.dist(2, 1), lower=-1)
+        pm.Exponential("y", lam, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, compute_log_likelihood=False)
+    exact = stats.gamma(2 + y.size, scale=1 / (1 + y.sum()))
+    q = pmkjit.ep_posterior(idata)["lam"]
+    assert abs(q.mean()[0] - exact.mean()) < 0.02 * exact.std()
+    assert abs(np.sqrt(q.var()[0]) / exact.std() - 1) < 0.02

@@ -325,6 +325,8 @@ class _Builder:
         if tname == "Interval":
             lower, upper = (np.asarray(evaluate_constant(pt.as_tensor(b))) if b is not None else None
                             for b in transform.args_fn(*rv.owner.inputs))
+            if isinstance(op, TruncatedRV):
+                lower, upper = _truncated_support(op, rv, lower, upper)
             if lower is not None and upper is not None and np.all(lower == 0) and np.all(upper == 1):
                 return Beta
             if lower is not None and upper is None and np.all(lower == 0):
@@ -1896,6 +1898,29 @@ def _dist_params(rv: Variable) -> list[Variable]:
             )
         return list(node.inputs[2:])  # [rng, size] of the base, then its parameters, lower, upper
     return list(op.dist_params(node))
+
+
+def _truncated_support(op: TruncatedRV, rv: Variable, lower: np.ndarray | None,
+                       upper: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The support of a latent ``pm.Truncated``: its bounds within its base distribution's support.
+
+    PyMC's transform of ``pm.Truncated(pm.Gamma.dist(2, 1), upper=6)`` is the interval
+    ``(-inf, 6)``, its absent lower bound being minus infinity whatever the base: the
+    refusal said the latent lives on ``(-inf, 6)`` and advised ``6 - `` a positive latent,
+    which would be negative where the truncated Gamma is not. A positive base (a log
+    transform) bounds it below by 0, a unit-interval one (log-odds) by 0 and 1; a
+    ``pm.Truncated(pm.Gamma.dist(...), lower=0)`` or a positive base truncated below at 0
+    is then an ordinary positive latent.
+    """
+    try:
+        base = type(_default_transform(op.base_rv_op, rv)).__name__ if _default_transform is not None else None
+    except Exception:  # noqa: BLE001 - a base whose transform needs its own parameters: the bounds as given
+        return lower, upper
+    if base in ("LogTransform", "LogOddsTransform"):
+        lower = np.zeros(()) if lower is None else np.maximum(lower, 0.0)
+    if base == "LogOddsTransform":
+        upper = np.ones(()) if upper is None else np.minimum(upper, 1.0)
+    return lower, upper
 
 
 def _distribution_label(op) -> str:
