@@ -309,6 +309,12 @@ class _Builder:
                 raise UnsupportedModelError(
                     f"{name}: multivariate latent {_distribution_label(op)} is not supported (only MvNormal){hint}"
                 )
+            if isinstance(op, SymbolicRandomVariable) and getattr(op, "ndim_supp", 0) == 0:
+                # PyMC gives some symbolic distributions no transform though their support is
+                # bounded (pm.LogitNormal in PyMC 5.28; a CustomDist with dist= unless the user
+                # passes one): as a Gaussian latent, pm.LogitNormal's probabilities were drawn
+                # below 0, and every observation's log-likelihood at those draws was -inf
+                return _probed_support(rv) or Gaussian
             return Gaussian
         if tname == "ZeroSumTransform" and type(op).__name__ == "ZeroSumNormalRV":
             return Gaussian  # one zero-sum axis: more were refused with the matrix-valued latents above
@@ -1898,6 +1904,28 @@ def _dist_params(rv: Variable) -> list[Variable]:
             )
         return list(node.inputs[2:])  # [rng, size] of the base, then its parameters, lower, upper
     return list(op.dist_params(node))
+
+
+def _probed_support(rv: Variable) -> type | None:
+    """Beta or Gamma where the log-density of ``rv`` says its support is (0, 1) or (0, inf), else None.
+
+    Probed at -0.5, 0.5, 1.5 and 4 (every element at once), the parameters drawn once from
+    their priors: (0, 1) is finite at 0.5 alone, (0, inf) at all but -0.5. Any failure reads
+    as no bound found (a Gaussian latent, as before).
+    """
+    value = rv.type()
+    try:
+        logp = compile_function([value], pm.logp(rv, value, warn_rvs=False))
+        shape = tuple(int(n) for n in evaluate_constant(rv.shape))
+        with np.errstate(all="ignore"):
+            finite = [bool(np.all(np.isfinite(logp(np.full(shape, v, dtype=rv.dtype))))) for v in (-0.5, 0.5, 1.5, 4.0)]
+    except Exception:  # noqa: BLE001 - a probe, not a requirement
+        return None
+    if finite == [False, True, False, False]:
+        return Beta
+    if finite == [False, True, True, True]:
+        return Gamma
+    return None
 
 
 def _truncated_support(op: TruncatedRV, rv: Variable, lower: np.ndarray | None,
