@@ -422,9 +422,10 @@ def _warn_impossible_observations(idata: az.InferenceData, model: pm.Model, orde
             continue
         share = per_draw.any(axis=1).mean()
         entries = int(per_draw.any(axis=0).sum())
+        percent = f"{share:.0%}" if share >= 0.01 else f"{share:.2%}"  # one draw in 2,000 is not "0%"
         warnings.warn(
             f"{name}: {entries} of {per_draw.shape[1]} observation{'s' if per_draw.shape[1] > 1 else ''} "
-            f"{'have' if entries > 1 else 'has'} zero density at {share:.0%} of the posterior draws, where the "
+            f"{'have' if entries > 1 else 'has'} zero density at {percent} of the posterior draws, where the "
             "model's posterior is zero: "
             + ("EP's posterior is nowhere near the data (EP failed). " if share == 1.0 else
                "EP's posterior puts mass where the data are impossible. ")
