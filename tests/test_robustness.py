@@ -1538,10 +1538,11 @@ def _switch_on_data_model(kind: str):
     r = np.random.default_rng(4)
     t = np.arange(70)
     with pm.Model() as model:
-        if kind == "rates":
+        if kind in ("rates", "indicators"):
             early, late = pm.Exponential("early", 1.0), pm.Exponential("late", 1.0)
             y = r.poisson(np.where(t < 40, 3.0, 1.0))
-            pm.Poisson("d", pm.math.switch(t >= 40, late, early), observed=y)
+            rate = pm.math.switch(t >= 40, late, early) if kind == "rates" else early * (t < 40) + late * (t >= 40)
+            pm.Poisson("d", rate, observed=y)
         else:
             early, late = pm.Normal("early", 0, 1.5), pm.Normal("late", 0, 1.5)
             y = r.binomial(1, np.where(t < 40, 0.7, 0.3))
@@ -1549,13 +1550,14 @@ def _switch_on_data_model(kind: str):
     return model, t, y
 
 
-@pytest.mark.parametrize("kind", ["rates", "logits"])
+@pytest.mark.parametrize("kind", ["rates", "indicators", "logits"])
 def test_a_switch_on_data_splits_the_likelihood_into_its_branches(kind):
     """``switch(t >= 40, late, early)``: each observation reads one branch's latent. As one
     factor of both latents it was importance sampling of two Gamma rates, not converged in
-    50 sweeps (58 s, 0.2 sd off); split, the rates are conjugate Poisson observations (exact
-    Gamma posteriors) and the logits two independent one-latent factors, each checked
-    against its own posterior: the closed form, a dense grid."""
+    50 sweeps (58 s, 0.2 sd off; written with indicators, ``early * (t < 40) + late * (t >= 40)``,
+    22 s); split, the rates are conjugate Poisson observations (exact Gamma posteriors) and
+    the logits two independent one-latent factors, each checked against its own posterior:
+    the closed form, a dense grid."""
     model, t, y = _switch_on_data_model(kind)
     graph = build_factor_graph(model)
     assert all(len(f.inputs) == 1 for f in graph.factors)
@@ -1563,7 +1565,7 @@ def test_a_switch_on_data_splits_the_likelihood_into_its_branches(kind):
     post = pmkjit.ep_posterior(idata)
     for name, side in (("early", t < 40), ("late", t >= 40)):
         q = post[name]
-        if kind == "rates":  # Exponential(1) prior: Gamma(1 + sum y, rate 1 + n)
+        if kind != "logits":  # Exponential(1) prior: Gamma(1 + sum y, rate 1 + n)
             assert q.shape[0] == pytest.approx(1 + y[side].sum(), rel=1e-9)
             assert q.rate[0] == pytest.approx(1 + side.sum(), rel=1e-9)
         else:
@@ -1575,13 +1577,15 @@ def test_a_switch_on_data_splits_the_likelihood_into_its_branches(kind):
             assert abs(np.sqrt(q.var()[0]) / sd - 1) < 0.05, name
 
 
-def test_a_switch_affine_in_the_real_latents_stays_one_linear_slot():
+@pytest.mark.parametrize("form", ["switch", "dummy"])
+def test_a_choice_affine_in_the_real_latents_stays_one_linear_slot(form):
     x = np.linspace(-2, 2, 30)
     with pm.Model() as model:
         b1, b2 = pm.Normal("b1", 0, 3), pm.Normal("b2", 0, 3)
-        pm.Bernoulli("y", logit_p=pm.math.where(x > 0, b1 * x, b2 * x), observed=(x > 0.3).astype(int))
+        eta = pm.math.where(x > 0, b1 * x, b2 * x) if form == "switch" else b1 + b2 * (x > 0)
+        pm.Bernoulli("y", logit_p=eta, observed=(x > 0.3).astype(int))
     (f,) = build_factor_graph(model).factors
-    assert f.name == "y" and f.size == 30
+    assert f.name == "y" and f.size == 30 and len(f.inputs) == 1
 
 
 def test_draws_where_the_data_are_impossible_are_warned_about():
