@@ -258,16 +258,8 @@ def fit(
                 stacklevel=2,
             )
         if not converged:
-            warnings.warn(
-                f"EP did not converge in {max_sweeps} sweeps (last change {trace[-1]:.2g} > tol x damping = "
-                f"{tol:g} x {limit_step:g} = {tol * limit_step:.2g}: a sweep damped by {limit_step:g} moves only that "
-                "fraction of the way); raise max_sweeps or tol"
-                + (". With importance sampling, Monte Carlo noise in the tilted moments keeps every sweep changing "
-                   "the posterior: raise n_importance_samples"
-                   if any(getattr(o, "kind", None) == "importance" for o in oracles) else ""),
-                EPNotConvergedWarning,
-                stacklevel=2,
-            )
+            importance = any(getattr(o, "kind", None) == "importance" for o in oracles)
+            warnings.warn(_not_converged_message(run, tol, importance), EPNotConvergedWarning, stacklevel=2)
         if store is not None:
             for f, k in zip(graph.factors, kjits):
                 if k is not None and k.fitted:
@@ -376,6 +368,26 @@ def _warn_unconditional_centred_draws(model, graph, centred: list[str], given: C
         UserWarning,
         stacklevel=3,
     )
+
+
+def _not_converged_message(run: schedule.EPRun, tol: float, importance: bool) -> str:
+    """Why EP did not converge: still moving, or stopped without a fixed point."""
+    head = f"EP did not converge in {run.sweeps} sweep{'s' if run.sweeps > 1 else ''}"
+    last, limit = run.trace[-1], run.limit_step
+    if last >= tol * limit:
+        return (f"{head} (last change {last:.2g} > tol x damping = {tol:g} x {limit:g} = {tol * limit:.2g}: a sweep "
+                f"damped by {limit:g} moves only that fraction of the way); raise max_sweeps or tol"
+                + (". With importance sampling, Monte Carlo noise in the tilted moments keeps every sweep changing "
+                   "the posterior: raise n_importance_samples" if importance else ""))
+    # the posterior stopped moving, but not at a fixed point
+    if run.silent:
+        return (f"{head}: the posterior stopped moving, but no instance of {', '.join(run.silent)} got an answer in "
+                "the last sweep (tilted moments the oracle could not compute), so those sites stayed where an "
+                "earlier sweep put them; compare with pm.sample")
+    if run.rejected:
+        return f"{head}: it stopped with site updates rejected (see the warning above); compare with pm.sample"
+    return (f"{head}: its last sweep moved no site (every tilted moment refused, or every cavity improper); "
+            "compare with pm.sample")
 
 
 def _warn_impossible_observations(idata: az.InferenceData, model: pm.Model, ordered: Sequence[str] = ()) -> None:

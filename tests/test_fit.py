@@ -396,7 +396,7 @@ def test_bad_counts_and_seeds_are_refused_naming_the_argument(kwargs, name):
 
 def test_one_sweep_one_chain_one_draw():
     model, _, _ = logistic_model(10, N=20)
-    with pytest.warns(pmkjit.EPNotConvergedWarning, match="1 sweeps"):
+    with pytest.warns(pmkjit.EPNotConvergedWarning, match=r"in 1 sweep \("):
         idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, max_sweeps=1, draws=1, chains=1)
     assert idata.posterior["w"].shape == (1, 1, 2)
     assert idata.log_likelihood["y"].shape == (1, 1, 20)

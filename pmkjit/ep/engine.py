@@ -62,6 +62,9 @@ class EPInfo:
         Guard events of the sweep.
     updated : int
         Factor instances whose sites the sweep moved.
+    silent : list of str
+        Factors none of whose instances with a proper cavity got an answer: their sites
+        did not move because they could not, whatever the rest of the posterior did.
     seconds : dict
         Time in each part (cavity, tilted moments, site update).
     variance : dict of str to ndarray (size, n_outputs)
@@ -83,6 +86,7 @@ class EPInfo:
     rejected_updates: int = 0
     unanswered: int = 0
     updated: int = 0
+    silent: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     variance: dict[str, np.ndarray] = field(default_factory=dict)
     asked: dict[str, np.ndarray] = field(default_factory=dict)
@@ -282,51 +286,62 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
     before = _summary(graph, state)
     sites = [list(s) for s in state.sites]
     for fi, (f, method) in enumerate(zip(graph.factors, methods)):
-        t0 = time.perf_counter()
-        if f.joint:
-            use, new = joint_update(f, state, sites[fi], method, info)
-            info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t0
-            sites, state = _damped_update(graph, prior, sites, state, fi, use, new, damping, info)
-            continue
-        marg = _marginals(graph, prior, state, f)
-        cav, ok = [], np.ones(f.size, bool)
-        for k, (slot, m) in enumerate(zip(f.slots, [marg[i] for i in f.targets])):
-            natural = m.natural - sites[fi][k]
-            if (f.kind == "prior" or f.from_prior) and isinstance(slot, LinearSlot):
-                natural = _flat_up_to_round_off(natural, m.natural)
-            c = type(m).from_natural(natural)
-            cav.append(c)
-            ok &= c.is_proper()
-        info.skipped_improper_cavity += int((~ok).sum())
-        idx = np.flatnonzero(ok)
-        info.seconds["cavity"] = info.seconds.get("cavity", 0.0) + time.perf_counter() - t0
-        if idx.size == 0:
-            continue
-        messages = _messages(f, cav, idx)
-        t1 = time.perf_counter()
-        answer = method(messages)
-        info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t1
-        t1 = time.perf_counter()
-        if answer.variance is not None:
-            var = np.full((f.size, answer.variance.shape[1]), np.nan)
-            var[idx] = answer.variance
-            asked = np.zeros(f.size, bool)
-            asked[idx] = answer.asked
-            info.variance[f.name], info.asked[f.name] = var, asked
-        good = np.asarray(answer.accepted, bool).copy()
-        new = []
-        for k, b in enumerate(answer.beliefs):
-            delta = b.natural - cav[k].natural[idx]
-            good &= np.isfinite(delta).all(axis=1)
-            new.append(delta)
-        info.unanswered += int((~good).sum())
-        sites, state = _damped_update(graph, prior, sites, state, fi, idx[good], [n[good] for n in new], damping,
-                                      info)
-        info.seconds["update"] = info.seconds.get("update", 0.0) + time.perf_counter() - t1
+        unanswered, skipped = info.unanswered, info.skipped_improper_cavity
+        sites, state = _update_factor(graph, prior, sites, state, fi, method, damping, info)
+        attempted = f.size - (info.skipped_improper_cavity - skipped)
+        if attempted > 0 and info.unanswered - unanswered == attempted:
+            info.silent.append(f.name)
     state.sites = sites
     info.change = _change(before, _summary(graph, state))
     info.max_change = float(np.nanmax(np.abs(info.change))) if info.change.size else 0.0
     return state, info
+
+
+def _update_factor(graph: FactorGraph, prior: _Prior, sites: list[list[np.ndarray]], state: EPState, fi: int,
+                   method: Callable, damping: float, info: EPInfo) -> tuple[list[list[np.ndarray]], EPState]:
+    """Cavities, tilted moments and damped site update of factor ``fi`` (one step of a sweep)."""
+    f = graph.factors[fi]
+    t0 = time.perf_counter()
+    if f.joint:
+        use, new = joint_update(f, state, sites[fi], method, info)
+        info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t0
+        return _damped_update(graph, prior, sites, state, fi, use, new, damping, info)
+    marg = _marginals(graph, prior, state, f)
+    cav, ok = [], np.ones(f.size, bool)
+    for k, (slot, m) in enumerate(zip(f.slots, [marg[i] for i in f.targets])):
+        natural = m.natural - sites[fi][k]
+        if (f.kind == "prior" or f.from_prior) and isinstance(slot, LinearSlot):
+            natural = _flat_up_to_round_off(natural, m.natural)
+        c = type(m).from_natural(natural)
+        cav.append(c)
+        ok &= c.is_proper()
+    info.skipped_improper_cavity += int((~ok).sum())
+    idx = np.flatnonzero(ok)
+    info.seconds["cavity"] = info.seconds.get("cavity", 0.0) + time.perf_counter() - t0
+    if idx.size == 0:
+        return sites, state
+    messages = _messages(f, cav, idx)
+    t1 = time.perf_counter()
+    answer = method(messages)
+    info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t1
+    t1 = time.perf_counter()
+    if answer.variance is not None:
+        var = np.full((f.size, answer.variance.shape[1]), np.nan)
+        var[idx] = answer.variance
+        asked = np.zeros(f.size, bool)
+        asked[idx] = answer.asked
+        info.variance[f.name], info.asked[f.name] = var, asked
+    good = np.asarray(answer.accepted, bool).copy()
+    new = []
+    for k, b in enumerate(answer.beliefs):
+        delta = b.natural - cav[k].natural[idx]
+        good &= np.isfinite(delta).all(axis=1)
+        new.append(delta)
+    info.unanswered += int((~good).sum())
+    sites, state = _damped_update(graph, prior, sites, state, fi, idx[good], [n[good] for n in new], damping,
+                                  info)
+    info.seconds["update"] = info.seconds.get("update", 0.0) + time.perf_counter() - t1
+    return sites, state
 
 
 def _flat_up_to_round_off(cavity: np.ndarray, marginal: np.ndarray) -> np.ndarray:

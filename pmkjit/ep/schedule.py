@@ -10,6 +10,8 @@ the damping to what the sweeps do:
   improper, even at a sixteenth of the step) halves the damping too, and is not taken
   for convergence: the factor's sites did not move because they could not; one at the
   smallest damping ends the run (``pmkjit.fit`` then starts again from the priors);
+* a sweep in which a factor got no answer at all (every instance's tilted moments
+  refused) is not taken for convergence either, whatever the other factors did;
 * a sweep that moves less than half as far as the last one, or two shrinking sweeps in
   a row, double it (up to 1);
 * a slow period-2 oscillation (successive changes pointing in opposite directions while
@@ -65,6 +67,8 @@ class EPRun:
     converged : bool
     unanswered, rejected : int
         Unanswered instances and rejected site updates of the last kept sweep.
+    silent : list of str
+        Factors of the last kept sweep none of whose instances got an answer.
     step : float
         Damping the next sweep would have used.
     limit_step : float
@@ -78,6 +82,7 @@ class EPRun:
     converged: bool = False
     unanswered: int = 0
     rejected: int = 0
+    silent: list[str] = field(default_factory=list)
     step: float = 1.0
     limit_step: float = 1.0
 
@@ -129,7 +134,11 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         # A sweep that moved no site because every answer was refused (a tilted law
         # the oracle could not resolve, an update that broke the posterior) changes
         # nothing: that is a stall, not convergence.
-        stalled = info.updated == 0 and info.unanswered + info.rejected_updates > 0
+        # So is a sweep in which one factor got no answer at all while others moved: a
+        # shifted exponential whose loc jumped past the data in the first undamped sweep
+        # had every entry unanswered from then on, and EP "converged" on the other
+        # factor's sites with loc at 61 (the data put it below 2.007; robustness round 15).
+        stalled = (info.updated == 0 and info.unanswered + info.rejected_updates > 0) or bool(info.silent)
         # A factor whose update was rejected (it would have made the posterior improper even
         # at a sixteenth of the step) kept its old sites: the sweep changed nothing there,
         # which is no evidence of a fixed point, and the step was too large for it.
@@ -201,7 +210,7 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         last_change = info.change
         for k in EVENTS:
             out.events[k] += getattr(info, k)
-        out.unanswered, out.rejected = info.unanswered, info.rejected_updates
+        out.unanswered, out.rejected, out.silent = info.unanswered, info.rejected_updates, info.silent
         if done:
             out.converged = True
             break
