@@ -88,8 +88,9 @@ def fit(
         allows it and importance sampling elsewhere, and lets quadrature answer
         directly (no operator) a factor whose instances share a latent: ten or more
         instances reading one latent element or projection, where an operator's
-        systematic error would add up on that latent. ``"quadrature"`` keeps an
-        operator in front of quadrature for every factor.
+        systematic error would add up on that latent; without ``operators``, also a
+        factor of fewer than 50 instances (fewer than an operator's first fit needs).
+        ``"quadrature"`` keeps an operator in front of quadrature for every factor.
     operators : path, optional
         Directory of learned KJIT operators: operators found there are loaded (so a
         second fit of a similar model needs few or no oracle calls) and all operators
