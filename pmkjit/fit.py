@@ -229,8 +229,7 @@ def fit(
                     run = again
         timings["ep"] = time.perf_counter() - t_ep
         state, trace, events, sweeps = run.state, run.trace, run.events, run.sweeps
-        converged, unanswered, rejected, step, limit_step = (
-            run.converged, run.unanswered, run.rejected, run.step, run.limit_step)
+        converged, unanswered, rejected, step = run.converged, run.unanswered, run.rejected, run.step
         events["restarts"] = int(restarted)
         if converged and unanswered:
             # the posterior stopped moving, but not everywhere for the right reason: an
