@@ -427,6 +427,24 @@ def test_nan_in_a_covariate_or_constant_parameter_is_refused_naming_the_variable
         build_factor_graph(model)
 
 
+@pytest.mark.parametrize("link", ["logit", "log"])
+def test_nan_in_a_covariate_matrix_is_refused_naming_the_likelihood_and_the_entry(link):
+    # a missing value in a design matrix read through X @ b made the affine probe NaN, and
+    # the likelihood was refused as "depends on latent b through DimShuffle (... Dot), which
+    # is neither affine in the real-valued latents nor elementwise" (robustness round 16)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 2))
+    X[4, 1] = np.nan
+    with pm.Model() as model:
+        b = pm.Normal("b", 0.0, 1.0, shape=2)
+        if link == "logit":
+            pm.Bernoulli("y", logit_p=X @ b, observed=rng.integers(0, 2, 30))
+        else:
+            pm.Poisson("y", pm.math.exp(X @ b), observed=rng.poisson(2.0, 30))
+    with pytest.raises(UnsupportedModelError, match=r"^y: .*NaN \(1 of 60 entries, first at index \[4, 1\]\)"):
+        build_factor_graph(model)
+
+
 @pytest.mark.parametrize("case", ["bernoulli-2", "binomial-above-n", "negative-time", "beta-at-1", "logit-bernoulli"])
 def test_observations_outside_the_support_are_refused(case):
     # conjugate and split factors read observations into natural parameters without a

@@ -35,6 +35,7 @@ from pymc.distributions.simulator import SimulatorRV
 from pymc.distributions.truncated import TruncatedRV
 from pymc.pytensorf import find_rng_nodes, reseed_rngs
 from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.traversal import ancestors
 from pytensor.scalar import Mul as ScalarMul, Switch as ScalarSwitch
 from pytensor.compile.ops import ViewOp
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
@@ -447,6 +448,10 @@ class _Builder:
                 f"broadcast to the variable's shape {tuple(plate)} (for a likelihood, the observed data's shape); after "
                 "pm.set_data on covariates or indices, set the observations to the same length too"
             )
+        # NaN data under a non-elementwise operation (a covariate matrix with a missing value
+        # in X @ b) make the affine probe NaN: refused as "neither affine ... nor elementwise"
+        # (robustness round 16), where the data are at fault
+        _no_nan_data(var, owner)
         op_name = type(node.op).__name__ if node is not None else "an input"
         inner = _inner_operations(var, self.latent_rvs)
         raise UnsupportedModelError(
@@ -1509,6 +1514,22 @@ def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
         f"{owner}: a parameter depends on {name} containing {what} ({int(bad.sum())} of {value.size} entries"
         f"{where}); pmkjit needs finite data: drop or fill the missing entries"
     )
+
+
+def _no_nan_data(var: Variable, owner: str) -> None:
+    """Refuse, naming ``owner`` and the data, NaN in a constant or ``pm.Data`` among ``var``'s ancestors."""
+    for leaf in ancestors([var]):
+        if leaf.owner is not None:
+            continue
+        if isinstance(leaf, Constant):
+            value = leaf.data
+        elif isinstance(leaf, TensorSharedVariable):
+            value = leaf.get_value(borrow=True)
+        else:
+            continue
+        value = np.asarray(value)
+        if value.dtype.kind in "fc" and np.isnan(value).any():
+            _finite(value, owner, leaf)
 
 
 def _pass_through(op) -> bool:
