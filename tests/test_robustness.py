@@ -1696,3 +1696,24 @@ def test_a_logit_normal_probability_is_a_unit_interval_latent():
     for j in range(4):
         mean, sd = grid_moments(logp[:, j], grid[:, 0])
         assert abs(draws[:, j].mean() - mean) < 0.1 * sd and abs(draws[:, j].std() / sd - 1) < 0.1, j
+
+
+def test_a_likelihood_split_by_data_keeps_a_scale_that_is_an_expression_of_a_latent():
+    # rho * x with zeros in x splits the likelihood into the entries x = 0 and the rest;
+    # selecting entries squeezes PyMC's broadcast scale ExpandDims(2 * s) to a scalar, a
+    # DimShuffle the walk refused ("depends on latent s through DimShuffle", robustness
+    # round 16: an AR(1) y[t] ~ Normal(rho * y[t - 1], 2 * s) with a zero in the series)
+    rng = np.random.default_rng(2)
+    x = np.r_[np.zeros(3), rng.uniform(0.5, 2.0, 9)]
+    y = 0.6 * x + rng.normal(0.0, 0.5, 12)
+    with pm.Model() as model:
+        rho = pm.Beta("rho", 2.0, 2.0)
+        s = pm.HalfNormal("s", 1.0)
+        pm.Normal("y", rho * x, 2.0 * s, observed=y)
+        idata = pmkjit.fit(random_seed=1, progressbar=False)
+    assert "y (3 of 12 entries)" in idata.ep.attrs["factor_methods"]
+    r = np.linspace(1e-4, 1 - 1e-4, 500)[:, None]
+    sg = np.linspace(0.01, 1.0, 500)[None, :]
+    logp = (stats.beta.logpdf(r, 2.0, 2.0) + stats.halfnorm.logpdf(sg)
+            + stats.norm.logpdf(y[None, None, :], r[..., None] * x, 2.0 * sg[..., None]).sum(-1))
+    assert_ep_matches_grid(idata, logp, {"rho": r, "s": sg}, mean_tol=0.1, sd_tol=0.15)

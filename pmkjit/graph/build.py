@@ -1535,7 +1535,11 @@ def _no_nan_data(var: Variable, owner: str) -> None:
 def _pass_through(op) -> bool:
     """Ops that leave values unchanged on flat per-instance vectors."""
     if isinstance(op, DimShuffle):
-        return _left_expanding(op)
+        # a squeeze to a scalar keeps the one value it has: _select squeezes a scalar
+        # parameter broadcast by PyMC (ExpandDims of 2 * sigma) before selecting entries,
+        # and the walk refused a likelihood split by data (rho * y[:-1] with a zero in y)
+        # whose scale was an expression of a latent
+        return _left_expanding(op) or not op.new_order  # (PyTensor drops only size-1 axes)
     return isinstance(op, (ViewOp, SpecifyShape))
 
 
