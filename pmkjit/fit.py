@@ -34,6 +34,7 @@ from pmkjit.families import Gaussian, family_by_name
 from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
 from pmkjit.graph.centre import HIDDEN_PREFIX, centre_non_centred
+from pmkjit.graph.interval import UNIT_PREFIX, rescale_uniform_intervals
 from pmkjit.graph.simplex import STICK_PREFIX, stick_break_dirichlet
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
 from pmkjit.graph.observed import default_initial_values, observed_as_data
@@ -184,6 +185,7 @@ def fit(
     with default_initial_values(original):
         model, centred = _centred(original)
         model, _ = _rewritten(stick_break_dirichlet, model)  # Dirichlets as stick-breaking Betas
+        model, _ = _rewritten(rescale_uniform_intervals, model)  # Uniform(a, b) as a + (b - a) Uniform(0, 1)
     # one rewrite serves the factor graph, the deterministics and the log-likelihood
     model = observed_as_data(model)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
@@ -442,9 +444,9 @@ def _as_original(idata: az.InferenceData, original: pm.Model) -> az.InferenceDat
     """The posterior of a rewritten model with the original model's variables in its order."""
     post = idata.posterior
     order = [n for n in _sample_order(original) if n in post]
-    # (the centred latent of an effect the user did not name, and a Dirichlet's stick-breaking
-    # Betas, are not the model's)
-    hidden = (HIDDEN_PREFIX, STICK_PREFIX)
+    # (the centred latent of an effect the user did not name, a Dirichlet's stick-breaking
+    # Betas and a rescaled Uniform's unit latent are not the model's)
+    hidden = (HIDDEN_PREFIX, STICK_PREFIX, UNIT_PREFIX)
     idata.posterior = post[order + [v for v in post.data_vars if v not in order and not v.startswith(hidden)]]
     return idata
 
