@@ -1749,3 +1749,26 @@ def test_a_uniform_latent_on_another_interval_is_a_rescaled_unit_latent(kind):
     # w's prior: Uniform(-1, 3) and Uniform(0, 3)
     assert np.all(w > [-1.0, 0.0]) and np.all(w < 3.0)
     assert np.allclose(w.mean(0), [1.0, 1.5], atol=0.1)
+
+
+@pytest.mark.parametrize("case", ["pareto", "truncated-normal-upper"])
+def test_a_latent_on_another_interval_is_its_standardised_law_plus_the_bound(case):
+    # kappa ~ pm.Pareto(1.5, 1) (the rats model's prior, on (1, inf)) and a one-sided
+    # TruncatedNormal were refused as living on "an interval other than (0, 1) or (0, inf)"
+    # (robustness round 16); x - lower (or upper - x) is a positive latent of the same law
+    rng = np.random.default_rng(5)
+    y = rng.normal(0.5, 1.0, 25)
+    grid = np.linspace(-6.0, 6.0, 40001)
+    with pm.Model() as model:
+        if case == "pareto":
+            pm.Pareto("x", 3.0, 0.2)
+            prior = stats.pareto.logpdf(grid, 3.0, scale=0.2)
+        else:
+            pm.TruncatedNormal("x", 0.0, 2.0, upper=0.5)
+            prior = stats.truncnorm.logpdf(grid, -np.inf, 0.25, scale=2.0)
+        pm.Normal("y", model["x"], 1.0, observed=y)
+        idata = pmkjit.fit(random_seed=1, progressbar=False)
+    assert list(idata.posterior.data_vars) == ["x"]
+    mean, sd = grid_moments(prior + stats.norm.logpdf(y[:, None], grid, 1.0).sum(0), grid)
+    draws = idata.posterior["x"].values.ravel()
+    assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.1
