@@ -1772,3 +1772,24 @@ def test_a_latent_on_another_interval_is_its_standardised_law_plus_the_bound(cas
     mean, sd = grid_moments(prior + stats.norm.logpdf(y[:, None], grid, 1.0).sum(0), grid)
     draws = idata.posterior["x"].values.ravel()
     assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.1
+
+
+@pytest.mark.parametrize("intercept", [True, False])
+def test_a_bounded_coefficient_beside_a_linear_predictor_is_warned_about(intercept):
+    # rho ~ pm.Uniform(-1, 1) is a rescaled Beta latent, outside the joint Gaussian: beside
+    # an intercept its posterior correlation with it is lost (an AR(1), T = 100: c and rho with
+    # 0.73 of NUTS's sds, converged, silently; robustness round 16); alone it is fine
+    rng = np.random.default_rng(6)
+    y = np.cumsum(rng.normal(0.0, 1.0, 30)) * 0.3 + 1.0
+    with pm.Model() as model:
+        rho = pm.Uniform("rho", -1.0, 1.0)
+        mean = rho * y[:-1] + (pm.Normal("c", 0.0, 1.0) if intercept else 0.0)
+        pm.Normal("y", mean, 1.0, observed=y[1:])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pmkjit.fit(model=model, random_seed=1, progressbar=False, max_sweeps=1, draws=10, chains=1,
+                   compute_log_likelihood=False)
+    hits = [w for w in caught if "rho (a latent on a bounded interval" in str(w.message)]
+    assert len(hits) == (1 if intercept else 0)
+    if intercept:
+        assert str(hits[0].message).startswith("y: ")
