@@ -35,6 +35,7 @@ from pmkjit.families.base import ExponentialFamily
 from pmkjit.graph import build_factor_graph
 from pmkjit.graph.centre import HIDDEN_PREFIX, centre_non_centred
 from pmkjit.graph.interval import UNIT_PREFIX, rescale_uniform_intervals
+from pmkjit.graph.potential import potentials_as_observations
 from pmkjit.graph.simplex import STICK_PREFIX, stick_break_dirichlet
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
 from pmkjit.graph.observed import default_initial_values, observed_as_data
@@ -186,6 +187,7 @@ def fit(
         model, centred = _centred(original)
         model, _ = _rewritten(stick_break_dirichlet, model)  # Dirichlets as stick-breaking Betas
         model, bounded = _rewritten(rescale_uniform_intervals, model)  # Uniform(a, b) as a + (b - a) Uniform(0, 1)
+        model, potentials = _rewritten(potentials_as_observations, model)  # as observed CustomDists
     # one rewrite serves the factor graph, the deterministics and the log-likelihood
     model = observed_as_data(model)
     graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
@@ -287,6 +289,10 @@ def fit(
         # the centring and observed_as_data rewrites rebuild the model, whose free variables
         # come out in another order (x's parent after the regression coefficients)
         idata = _as_original(idata, original)
+        for group in ("log_likelihood", "observed_data"):
+            # a potential fitted as an observed CustomDist is no observation (pm.sample leaves it out)
+            if potentials and group in idata:
+                setattr(idata, group, idata[group].drop_vars([p for p in potentials if p in idata[group]]))
         _warn_unconditional_centred_draws(model, graph, centred, given)
         ep = _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
         ep.attrs["centred"] = ", ".join(centred)

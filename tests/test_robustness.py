@@ -1793,3 +1793,50 @@ def test_a_bounded_coefficient_beside_a_linear_predictor_is_warned_about(interce
     assert len(hits) == (1 if intercept else 0)
     if intercept:
         assert str(hits[0].message).startswith("y: ")
+
+
+def test_a_potential_of_scalar_latents_is_a_factor_of_its_density():
+    # pm.Potential was refused outright (robustness round 16); as an observed CustomDist whose
+    # logp is the potential it is one factor over the scalar latents it reads: a soft
+    # constraint on a regression slope (a Gaussian posterior in closed form) and a likelihood
+    # written by hand as a potential summed over data (a 2-D grid posterior)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=30)
+    y = 1.0 + 0.5 * x + rng.normal(0.0, 0.7, 30)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 5.0)
+        b = pm.Normal("b", 0.0, 5.0)
+        pm.Potential("shrink_b", -0.5 * (b / 0.3) ** 2)
+        pm.Normal("y", a + b * x, 0.7, observed=y)
+        idata = pmkjit.fit(random_seed=1, progressbar=False)
+    # pm.sample's groups: the potential is no observation
+    assert list(idata.log_likelihood.data_vars) == ["y"] and list(idata.observed_data.data_vars) == ["y"]
+    X = np.column_stack([np.ones(30), x])
+    cov = np.linalg.inv(np.diag([1 / 25, 1 / 25 + 1 / 0.09]) + X.T @ X / 0.49)
+    mean = cov @ (X.T @ y / 0.49)
+    post = pmkjit.ep_posterior(idata)
+    for i, name in enumerate("ab"):
+        sd = np.sqrt(cov[i, i])
+        assert abs(post[name].mean()[0] - mean[i]) < 0.02 * sd
+        assert abs(np.sqrt(post[name].var()[0]) / sd - 1) < 0.02
+
+    y2 = rng.normal(2.0, 1.5, 40)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 10.0)
+        s = pm.HalfNormal("s", 5.0)
+        pm.Potential("lik", pm.logp(pm.Normal.dist(mu, s), y2).sum())
+        idata = pmkjit.fit(random_seed=1, progressbar=False)
+    m = np.linspace(-2.0, 6.0, 801)[:, None]
+    g = np.linspace(0.5, 4.0, 801)[None, :]
+    logp = (stats.norm.logpdf(m, 0.0, 10.0) + stats.halfnorm.logpdf(g, scale=5.0)
+            + stats.norm.logpdf(y2[:, None, None], m, g).sum(0))
+    assert_ep_matches_grid(idata, logp, {"mu": m, "s": g}, mean_tol=0.05, sd_tol=0.05)
+
+
+def test_a_potential_of_a_vector_latent_is_refused_naming_it():
+    with pm.Model() as model:
+        x = pm.Normal("x", 0.0, 1.0, shape=5)
+        pm.Potential("ar", pm.logp(pm.Normal.dist(0.8 * x[:-1], 0.5), x[1:]).sum())
+        pm.Normal("y", x, 0.3, observed=np.zeros(5))
+    with pytest.raises(UnsupportedModelError, match=r"\['ar'\].*vector latent\(s\) x"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)

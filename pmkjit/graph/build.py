@@ -173,10 +173,19 @@ class _Builder:
     def build(self) -> FactorGraph:
         model = self.model
         if model.potentials:
+            # pmkjit.fit rewrites a potential of scalar latents as an observed CustomDist
+            # (pmkjit.graph.potential); what reaches here reads a vector latent
             names = [p.name or str(p) for p in model.potentials]
+            vectors = sorted({rv.name for p in model.potentials for rv in latent_ancestors(p, model.free_RVs)
+                              if rv.ndim > 0})
             raise UnsupportedModelError(
-                f"pm.Potential terms {names} are not supported: pmkjit needs each factor as a distribution it "
-                "can sample from (write the term as an observed pm.CustomDist instead)"
+                f"pm.Potential terms {names} are not supported"
+                + (f": they read the vector latent(s) {', '.join(vectors)}, and a potential is one function of "
+                   "all its elements, which EP's elementwise factors cannot evaluate; pmkjit.fit takes a "
+                   "potential of scalar latents; write the term as a prior or likelihood of the vector, or "
+                   "use pm.sample" if vectors else
+                   ": pmkjit needs each factor as a distribution it can sample from (write the term as an "
+                   "observed pm.CustomDist instead)")
             )
         offset = 0
         predictive = predictive_only(model)
