@@ -1879,3 +1879,14 @@ def test_a_likelihood_correlating_its_two_latents_is_warned_about(parametrisatio
     sn, sp = np.sqrt((w * (n - mn) ** 2).sum()), np.sqrt((w * (p - mp) ** 2).sum())
     assert (w * (n - mn) * (p - mp)).sum() / (sn * sp) > 0.9
     assert idata.posterior["n"].values.std() < 0.6 * sn
+
+
+def test_an_ordered_positive_vector_is_refused_naming_it_and_the_ordered_logs():
+    # transform=ordered on a Gamma vector (the rates of a Poisson mixture) was refused as
+    # "lam has transform ChainedTransform" (robustness round 16)
+    with pm.Model() as model:
+        lam = pm.Gamma("lam", 2.0, 0.5, shape=2, transform=pm.distributions.transforms.ordered,
+                       initval=np.array([1.0, 5.0]))
+        pm.Mixture("y", w=np.array([0.3, 0.7]), comp_dists=pm.Poisson.dist(lam), observed=np.arange(6))
+    with pytest.raises(UnsupportedModelError, match=r"^lam is an ordered vector of positive .*order the logs"):
+        build_factor_graph(model)

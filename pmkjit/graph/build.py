@@ -358,6 +358,18 @@ class _Builder:
                    if lower is not None and np.all(lower == 0) else "")
             )
         what = _TRANSFORM_CONSTRUCTORS.get(tname)
+        if tname == "ChainedTransform":
+            # transform=ordered on a positive distribution (a Gamma or Exponential vector of
+            # mixture rates): PyMC chains log and ordered, and the refusal said only
+            # "has transform ChainedTransform" (robustness round 16)
+            chain = [type(t).__name__ for t in getattr(transform, "transform_list", [])]
+            what = f"the chain {' then '.join(chain) or tname}"
+            if "Ordered" in chain and chain[0] in ("LogTransform", "LogOddsTransform"):
+                what = ("an ordered vector of positive or (0, 1) values (transform=ordered on a "
+                        f"{_distribution_label(op)} chains {' and '.join(chain)}); pmkjit orders real vectors only: "
+                        "order the logs instead, log_x = pm.Normal(..., transform=pm.distributions.transforms.ordered) "
+                        "and x = pm.math.exp(log_x)")
+                raise UnsupportedModelError(f"{name} is {what}")
         raise UnsupportedModelError(
             f"{name} has transform {tname}" + (f" ({what}, which pmkjit does not support)" if what else "")
             + "; pmkjit supports latents on the reals, (0, 1) and (0, inf)"
