@@ -1832,6 +1832,16 @@ def test_a_potential_of_scalar_latents_is_a_factor_of_its_density():
             + stats.norm.logpdf(y2[:, None, None], m, g).sum(0))
     assert_ep_matches_grid(idata, logp, {"mu": m, "s": g}, mean_tol=0.05, sd_tol=0.05)
 
+    # a potential with one entry per data point is summed, as the model's log-density sums it
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Potential("lik", pm.logp(pm.Normal.dist(mu, 1.5), y2))
+        idata = pmkjit.fit(random_seed=1, progressbar=False)
+    precision = 1 / 100 + y2.size / 1.5**2
+    q = pmkjit.ep_posterior(idata)["mu"]
+    assert q.mean()[0] == pytest.approx(y2.sum() / 1.5**2 / precision, abs=0.01 / np.sqrt(precision))
+    assert np.sqrt(q.var()[0]) == pytest.approx(1 / np.sqrt(precision), rel=0.01)
+
 
 def test_a_potential_of_a_vector_latent_is_refused_naming_it():
     with pm.Model() as model:

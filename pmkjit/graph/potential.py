@@ -56,8 +56,10 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
         expr = node.inputs[0]
         reads = set(ancestors([expr]))
         latents = [v for v in free if v in reads]
-        if not latents or any(v.ndim != 0 for v in latents) or expr.ndim != 0:
+        if not latents or any(v.ndim != 0 for v in latents):
             continue  # a vector latent, or a potential of data only: left to the refusal
+        if expr.ndim:
+            expr = expr.sum()  # the model's log-density sums a potential's entries
         name = out.name
         # f over placeholders, cut from the model's graph (which model_from_fgraph rewrites)
         dummies = [v.type() for v in latents]
