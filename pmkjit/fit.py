@@ -614,7 +614,8 @@ def _warn_bounded_beside_linear(graph, bounded: list[str]) -> None:
         return
     hidden = {f"{UNIT_PREFIX}{name}": name for name in bounded}
     for f in graph.factors:
-        if f.kind != "likelihood" or f.analytic is not None:
+        # (a deterministic factor is a likelihood's link, exp(a + b * x) of a Poisson)
+        if f.kind not in ("likelihood", "deterministic") or f.analytic is not None:
             continue
         ins = [f.inputs[i] for i in f.latent_inputs]
         mine = sorted({hidden[s.variable] for s in ins if isinstance(s, ElementSlot) and s.variable in hidden})

@@ -1774,7 +1774,7 @@ def test_a_latent_on_another_interval_is_its_standardised_law_plus_the_bound(cas
     assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.1
 
 
-@pytest.mark.parametrize("intercept", [True, False])
+@pytest.mark.parametrize("intercept", [True, False, "poisson"])
 def test_a_bounded_coefficient_beside_a_linear_predictor_is_warned_about(intercept):
     # rho ~ pm.Uniform(-1, 1) is a rescaled Beta latent, outside the joint Gaussian: beside
     # an intercept its posterior correlation with it is lost (an AR(1), T = 100: c and rho with
@@ -1784,7 +1784,10 @@ def test_a_bounded_coefficient_beside_a_linear_predictor_is_warned_about(interce
     with pm.Model() as model:
         rho = pm.Uniform("rho", -1.0, 1.0)
         mean = rho * y[:-1] + (pm.Normal("c", 0.0, 1.0) if intercept else 0.0)
-        pm.Normal("y", mean, 1.0, observed=y[1:])
+        if intercept == "poisson":  # a link's deterministic factor (b ~ TruncatedNormal(0, 1, -2, 2): 0.80)
+            pm.Poisson("y", pm.math.exp(mean), observed=np.arange(29) % 4)
+        else:
+            pm.Normal("y", mean, 1.0, observed=y[1:])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pmkjit.fit(model=model, random_seed=1, progressbar=False, max_sweeps=1, draws=10, chains=1,
