@@ -190,7 +190,16 @@ def fit(
         model, potentials = _rewritten(potentials_as_observations, model)  # as observed CustomDists
     # one rewrite serves the factor graph, the deterministics and the log-likelihood
     model = observed_as_data(model)
-    graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
+    try:
+        graph = build_factor_graph(model, random_seed=int(rng.integers(2**31 - 1)))
+    except UnsupportedModelError as err:
+        if not bounded:
+            raise
+        # a refusal names the model's variables, not the hidden latent of a rescaled one
+        message = str(err)
+        for name in bounded:
+            message = message.replace(f"{UNIT_PREFIX}{name}", name)
+        raise UnsupportedModelError(message) from None
     timings["graph"] = time.perf_counter() - t0
 
     store = OperatorStore(operators) if operators is not None else None

@@ -1903,3 +1903,13 @@ def test_an_ordered_positive_vector_is_refused_naming_it_and_the_ordered_logs():
         pm.Mixture("y", w=np.array([0.3, 0.7]), comp_dists=pm.Poisson.dist(lam), observed=np.arange(6))
     with pytest.raises(UnsupportedModelError, match=r"^lam is an ordered vector of positive .*order the logs"):
         build_factor_graph(model)
+
+
+def test_a_refusal_names_a_rescaled_latent_by_its_own_name():
+    # the hidden unit latent of rho ~ Uniform(-1, 1) is no name the user wrote
+    with pm.Model() as model:
+        rho = pm.Uniform("rho", -1.0, 1.0)
+        pm.Poisson("y", pm.math.exp(pm.math.cumsum(rho * np.ones(4))), observed=np.ones(4, dtype=int))
+    with pytest.raises(UnsupportedModelError, match=r"latent rho\b") as err:
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    assert "__pmkjit" not in str(err.value)
