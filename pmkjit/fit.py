@@ -204,6 +204,7 @@ def fit(
 
     store = OperatorStore(operators) if operators is not None else None
     _warn_non_centred(graph)
+    _warn_latent_conditions(original)  # (the names the user wrote)
     _warn_bounded_beside_linear(graph, bounded)
     _warn_latent_degrees_of_freedom(model)
     methods, kjits, oracles = _methods(graph, method, oracle, store, n_importance_samples, tol, rng)
@@ -607,6 +608,49 @@ def _warn_latent_degrees_of_freedom(model: pm.Model) -> None:
                 UserWarning,
                 stacklevel=3,
             )
+
+
+def _warn_latent_conditions(model: pm.Model) -> None:
+    """Warn where a likelihood switches on a condition of a latent (an unknown changepoint).
+
+    ``pm.math.switch(switchpoint >= years, early, late)`` with a continuous latent
+    ``switchpoint`` makes each observation's density a step function of it, and the
+    posterior of a changepoint is a staircase EP's Gaussian, Beta or Gamma message cannot
+    follow: the coal-mining disasters model with ``switchpoint ~ pm.Uniform(1851, 1962)``
+    (111 years) came out 4.8-8.1 NUTS sds off, with sds 0.43-1.19 of NUTS's, and only a
+    warning that EP had not converged (robustness round 16). A switch on data is split
+    into its branches by the factor graph and is not warned about.
+    """
+    import pytensor.scalar as ps
+    from pytensor.graph.traversal import ancestors
+    from pytensor.tensor.elemwise import Elemwise
+
+    free = set(model.free_RVs)
+    for rv in model.observed_RVs:
+        params = list(rv.owner.inputs)
+        for var in ancestors(params, blockers=list(free)):
+            node = var.owner
+            if node is None or var is not node.outputs[0] or not isinstance(node.op, Elemwise):
+                continue
+            op = node.op.scalar_op
+            if isinstance(op, ps.Switch):
+                conditions = [node.inputs[0]]
+            elif isinstance(op, (ps.GE, ps.GT, ps.LE, ps.LT)):
+                conditions = list(node.inputs)
+            else:
+                continue
+            latents = sorted({v.name for v in ancestors(conditions, blockers=list(free)) if v in free})
+            if latents:
+                warnings.warn(
+                    f"{rv.name}: its parameters switch on a condition of the latent {', '.join(latents)} (an unknown "
+                    "changepoint or threshold), so each observation's density is a step function of it, whose "
+                    "posterior EP's Gaussian, Beta or Gamma messages cannot follow: the fit may be far off (a "
+                    "Poisson changepoint over 111 years: 5-8 NUTS sds). Use pm.sample, or marginalise the "
+                    "changepoint over its possible values (pm.Mixture with one component per value)",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                break
 
 
 def _warn_bounded_beside_linear(graph, bounded: list[str]) -> None:
