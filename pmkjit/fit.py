@@ -632,15 +632,20 @@ def _warn_latent_conditions(model: pm.Model) -> None:
             node = var.owner
             if node is None or var is not node.outputs[0] or not isinstance(node.op, Elemwise):
                 continue
-            op = node.op.scalar_op
-            if isinstance(op, ps.Switch):
-                conditions = [node.inputs[0]]
-            elif isinstance(op, (ps.GE, ps.GT, ps.LE, ps.LT)):
-                conditions = list(node.inputs)
-            else:
+            if not isinstance(node.op.scalar_op, (ps.GE, ps.GT, ps.LE, ps.LT)) or len(node.inputs) != 2:
                 continue
-            latents = sorted({v.name for v in ancestors(conditions, blockers=list(free)) if v in free})
-            if latents:
+            # a latent against data that vary by entry (switchpoint >= years, x > threshold):
+            # PyMC's numerically stable functions (normal_lcdf in pm.OrderedProbit) compare a
+            # latent expression with a constant, and are continuous
+            sides = [sorted({v.name for v in ancestors([i], blockers=list(free)) if v in free}) for i in node.inputs]
+            if bool(sides[0]) == bool(sides[1]):
+                continue
+            try:
+                data = np.asarray(node.inputs[0 if not sides[0] else 1].eval())
+            except Exception:  # noqa: BLE001 - not a constant: not data
+                continue
+            latents = sides[0] or sides[1]
+            if data.size > 1 and np.unique(data).size > 1:
                 warnings.warn(
                     f"{rv.name}: its parameters switch on a condition of the latent {', '.join(latents)} (an unknown "
                     "changepoint or threshold), so each observation's density is a step function of it, whose "

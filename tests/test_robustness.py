@@ -1915,17 +1915,23 @@ def test_a_refusal_names_a_rescaled_latent_by_its_own_name():
     assert "__pmkjit" not in str(err.value)
 
 
-@pytest.mark.parametrize("condition", ["latent", "data"])
+@pytest.mark.parametrize("condition", ["latent", "data", "ordered-probit"])
 def test_a_switch_on_a_latent_condition_is_warned_about(condition):
     # the coal-mining disasters model with switchpoint ~ Uniform(1851, 1962): 4.8-8.1 NUTS sds
     # off with only a non-convergence warning (robustness round 16); a known changepoint
-    # (a switch on data) is split into exact branches and is not warned about
+    # (a switch on data) is split into exact branches, and pm.OrderedProbit's normal_lcdf
+    # switches on a latent expression against a constant (a continuous density): no warning
     years = np.arange(1851, 1871)
     with pm.Model() as model:
-        sp = pm.Uniform("switchpoint", 1851.0, 1870.0) if condition == "latent" else 1860.0
-        early = pm.Exponential("early", 1.0)
-        late = pm.Exponential("late", 1.0)
-        pm.Poisson("disasters", pm.math.switch(sp >= years, early, late), observed=np.arange(20) % 3)
+        if condition == "ordered-probit":
+            cut = pm.Normal("cut", np.array([-1.0, 1.0]), 2.0, transform=pm.distributions.transforms.ordered)
+            pm.OrderedProbit("y", pm.Normal("b", 0.0, 1.0) * np.linspace(-1, 1, 20), cut,
+                             observed=np.arange(20) % 3)
+        else:
+            sp = pm.Uniform("switchpoint", 1851.0, 1870.0) if condition == "latent" else 1860.0
+            early = pm.Exponential("early", 1.0)
+            late = pm.Exponential("late", 1.0)
+            pm.Poisson("disasters", pm.math.switch(sp >= years, early, late), observed=np.arange(20) % 3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pmkjit.fit(model=model, random_seed=1, progressbar=False, max_sweeps=1, draws=10, chains=1,
