@@ -1774,28 +1774,39 @@ def test_a_latent_on_another_interval_is_its_standardised_law_plus_the_bound(cas
     assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.1
 
 
-@pytest.mark.parametrize("intercept", [True, False, "poisson"])
-def test_a_bounded_coefficient_beside_a_linear_predictor_is_warned_about(intercept):
+@pytest.mark.parametrize("case", ["intercept", "alone", "poisson", "two-signed", "scale"])
+def test_a_bounded_coefficient_beside_a_linear_predictor_is_warned_about(case):
     # rho ~ pm.Uniform(-1, 1) is a rescaled Beta latent, outside the joint Gaussian: beside
     # an intercept its posterior correlation with it is lost (an AR(1), T = 100: c and rho with
-    # 0.73 of NUTS's sds, converged, silently; robustness round 16); alone it is fine
+    # 0.73 of NUTS's sds, converged, silently; robustness round 16), and so beside another signed
+    # one (Uniform(-10, 10) priors in a logistic regression: 1.4 NUTS sds off); alone, or a
+    # scale sigma ~ Uniform(0, 10) beside a linear predictor, it is fine
     rng = np.random.default_rng(6)
     y = np.cumsum(rng.normal(0.0, 1.0, 30)) * 0.3 + 1.0
     with pm.Model() as model:
-        rho = pm.Uniform("rho", -1.0, 1.0)
-        mean = rho * y[:-1] + (pm.Normal("c", 0.0, 1.0) if intercept else 0.0)
-        if intercept == "poisson":  # a link's deterministic factor (b ~ TruncatedNormal(0, 1, -2, 2): 0.80)
-            pm.Poisson("y", pm.math.exp(mean), observed=np.arange(29) % 4)
+        if case == "scale":
+            pm.Normal("y", pm.Normal("c", 0.0, 1.0) + pm.Normal("b", 0.0, 1.0) * y[:-1], pm.Uniform("s", 0.0, 10.0),
+                      observed=y[1:])
+        elif case == "two-signed":
+            pm.Bernoulli("y", logit_p=pm.Uniform("rho", -10.0, 10.0) + pm.Uniform("b", -10.0, 10.0) * y[:-1],
+                         observed=np.arange(29) % 2)
         else:
-            pm.Normal("y", mean, 1.0, observed=y[1:])
+            rho = pm.Uniform("rho", -1.0, 1.0)
+            mean = rho * y[:-1] + (pm.Normal("c", 0.0, 1.0) if case != "alone" else 0.0)
+            if case == "poisson":  # a link's deterministic factor (b ~ TruncatedNormal(0, 1, -2, 2): 0.80)
+                pm.Poisson("y", pm.math.exp(mean), observed=np.arange(29) % 4)
+            else:
+                pm.Normal("y", mean, 1.0, observed=y[1:])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pmkjit.fit(model=model, random_seed=1, progressbar=False, max_sweeps=1, draws=10, chains=1,
                    compute_log_likelihood=False)
-    hits = [w for w in caught if "rho (a latent on a bounded interval" in str(w.message)]
-    assert len(hits) == (1 if intercept else 0)
-    if intercept:
-        assert str(hits[0].message).startswith("y: ")
+    hits = [str(w.message) for w in caught if "(a latent on a bounded interval" in str(w.message)]
+    if case in ("alone", "scale"):
+        assert hits == []
+    else:
+        (message,) = hits
+        assert message.startswith("y: the likelihood reads " + ("b, rho" if case == "two-signed" else "rho"))
 
 
 def test_a_potential_of_scalar_latents_is_a_factor_of_its_density():

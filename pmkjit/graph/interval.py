@@ -28,7 +28,7 @@ from pytensor.tensor.random.basic import UniformRV
 from pymc.distributions.truncated import TruncatedRV
 from pytensor.tensor.random.op import RandomVariable
 
-__all__ = ["rescale_uniform_intervals", "UNIT_PREFIX"]
+__all__ = ["rescale_uniform_intervals", "signed_latents", "UNIT_PREFIX"]
 
 UNIT_PREFIX = "__pmkjit_unit_"  # the hidden Uniform(0, 1) latents (pmkjit.fit leaves them out of the posterior)
 
@@ -142,3 +142,25 @@ def rescale_uniform_intervals(model: pm.Model) -> tuple[pm.Model, list[str]]:
         return model, []
     return model_from_fgraph(fg, mutate_fgraph=True), rewritten
 
+
+
+def signed_latents(model: pm.Model, names: list[str]) -> set[str]:
+    """Those of ``names`` (latents with an interval transform) whose interval reaches below 0.
+
+    A latent on ``(-1, 1)`` or ``(-10, 10)`` is a coefficient or a correlation, read in a
+    linear predictor; one on ``(0, 10)`` or ``(1, inf)`` is a scale, a rate or a
+    probability. Only the former loses much when its rescaled latent leaves the joint
+    Gaussian of the real latents (``pmkjit.fit`` warns about it).
+    """
+    signed = set()
+    for rv in model.free_RVs:
+        transform = model.rvs_to_transforms.get(rv)
+        if rv.name not in names or type(transform).__name__ != "Interval":
+            continue
+        lower = transform.args_fn(*rv.owner.inputs)[0]
+        try:
+            if lower is None or np.any(np.asarray(pt.as_tensor(lower).eval(), dtype=float) < 0):
+                signed.add(rv.name)
+        except Exception:  # noqa: BLE001 - a bound that cannot be evaluated: signed, to be safe
+            signed.add(rv.name)
+    return signed
