@@ -334,8 +334,10 @@ def test_custom_dist_and_simulator_factors():
     "build, match",
     [
         (lambda: pm.Poisson("k", 3.0), "discrete"),
-        (lambda: pm.Uniform("u", -1.0, 3.0), "interval"),
-        (lambda: pm.Potential("pot", -pm.Normal("z", 0, 1) ** 2), "Potential"),
+        # (a pm.Uniform on such an interval is rescaled, robustness round 16; a pm.Truncated is not)
+        (lambda: pm.Truncated("u", pm.Gamma.dist(2.0, 1.0), upper=3.0), "interval"),
+        # (a potential of scalar latents is an observed CustomDist, robustness round 16)
+        (lambda: pm.Potential("pot", -(pm.Normal("z", 0, 1, shape=2) ** 2).sum()), "Potential.*vector latent.*z"),
     ],
 )
 def test_unsupported_models_name_the_variable(build, match):
@@ -347,11 +349,13 @@ def test_unsupported_models_name_the_variable(build, match):
         pmkjit.fit(model=model, progressbar=False)
 
 
-def test_a_uniform_scale_is_refused_naming_its_interval_and_a_scale_prior():
+def test_a_bounded_scale_is_refused_naming_its_interval_and_a_scale_prior():
     # robustness round 13: the habit sigma ~ pm.Uniform(0, 10) was told "lives on an interval
-    # other than (0, 1) or (0, inf)" without the interval, and pointed only to rescaling
+    # other than (0, 1) or (0, inf)" without the interval, and pointed only to rescaling (a
+    # Uniform is rescaled since round 16; a truncated Gamma, whose standardised law PyMC
+    # cannot sample, is still refused)
     with pm.Model() as model:
-        s = pm.Uniform("sigma", 0.0, 10.0)
+        s = pm.Truncated("sigma", pm.Gamma.dist(2.0, 1.0), upper=10.0)
         pm.Normal("y", 0.0, s, observed=np.ones(3))
     with pytest.raises(UnsupportedModelError, match=r"sigma lives on \(0, 10\).*HalfNormal"):
         pmkjit.fit(model=model, progressbar=False)

@@ -35,6 +35,7 @@ from pymc.distributions.simulator import SimulatorRV
 from pymc.distributions.truncated import TruncatedRV
 from pymc.pytensorf import find_rng_nodes, reseed_rngs
 from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.traversal import ancestors
 from pytensor.scalar import Mul as ScalarMul, Switch as ScalarSwitch
 from pytensor.compile.ops import ViewOp
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
@@ -172,10 +173,19 @@ class _Builder:
     def build(self) -> FactorGraph:
         model = self.model
         if model.potentials:
+            # pmkjit.fit rewrites a potential of scalar latents as an observed CustomDist
+            # (pmkjit.graph.potential); what reaches here reads a vector latent
             names = [p.name or str(p) for p in model.potentials]
+            vectors = sorted({rv.name for p in model.potentials for rv in latent_ancestors(p, model.free_RVs)
+                              if rv.ndim > 0})
             raise UnsupportedModelError(
-                f"pm.Potential terms {names} are not supported: pmkjit needs each factor as a distribution it "
-                "can sample from (write the term as an observed pm.CustomDist instead)"
+                f"pm.Potential terms {names} are not supported"
+                + (f": they read the vector latent(s) {', '.join(vectors)}, and a potential is one function of "
+                   "all its elements, which EP's elementwise factors cannot evaluate; pmkjit.fit takes a "
+                   "potential of scalar latents; write the term as a prior or likelihood of the vector, or "
+                   "use pm.sample" if vectors else
+                   ": pmkjit needs each factor as a distribution it can sample from (write the term as an "
+                   "observed pm.CustomDist instead)")
             )
         offset = 0
         predictive = predictive_only(model)
@@ -348,6 +358,18 @@ class _Builder:
                    if lower is not None and np.all(lower == 0) else "")
             )
         what = _TRANSFORM_CONSTRUCTORS.get(tname)
+        if tname == "ChainedTransform":
+            # transform=ordered on a positive distribution (a Gamma or Exponential vector of
+            # mixture rates): PyMC chains log and ordered, and the refusal said only
+            # "has transform ChainedTransform" (robustness round 16)
+            chain = [type(t).__name__ for t in getattr(transform, "transform_list", [])]
+            what = f"the chain {' then '.join(chain) or tname}"
+            if "Ordered" in chain and chain[0] in ("LogTransform", "LogOddsTransform"):
+                what = ("an ordered vector of positive or (0, 1) values (transform=ordered on a "
+                        f"{_distribution_label(op)} chains {' and '.join(chain)}); pmkjit orders real vectors only: "
+                        "order the logs instead, log_x = pm.Normal(..., transform=pm.distributions.transforms.ordered) "
+                        "and x = pm.math.exp(log_x)")
+                raise UnsupportedModelError(f"{name} is {what}")
         raise UnsupportedModelError(
             f"{name} has transform {tname}" + (f" ({what}, which pmkjit does not support)" if what else "")
             + "; pmkjit supports latents on the reals, (0, 1) and (0, inf)"
@@ -447,6 +469,10 @@ class _Builder:
                 f"broadcast to the variable's shape {tuple(plate)} (for a likelihood, the observed data's shape); after "
                 "pm.set_data on covariates or indices, set the observations to the same length too"
             )
+        # NaN data under a non-elementwise operation (a covariate matrix with a missing value
+        # in X @ b) make the affine probe NaN: refused as "neither affine ... nor elementwise"
+        # (robustness round 16), where the data are at fault
+        _no_nan_data(var, owner)
         op_name = type(node.op).__name__ if node is not None else "an input"
         inner = _inner_operations(var, self.latent_rvs)
         raise UnsupportedModelError(
@@ -1511,10 +1537,30 @@ def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
     )
 
 
+def _no_nan_data(var: Variable, owner: str) -> None:
+    """Refuse, naming ``owner`` and the data, NaN in a constant or ``pm.Data`` among ``var``'s ancestors."""
+    for leaf in ancestors([var]):
+        if leaf.owner is not None:
+            continue
+        if isinstance(leaf, Constant):
+            value = leaf.data
+        elif isinstance(leaf, TensorSharedVariable):
+            value = leaf.get_value(borrow=True)
+        else:
+            continue
+        value = np.asarray(value)
+        if value.dtype.kind in "fc" and np.isnan(value).any():
+            _finite(value, owner, leaf)
+
+
 def _pass_through(op) -> bool:
     """Ops that leave values unchanged on flat per-instance vectors."""
     if isinstance(op, DimShuffle):
-        return _left_expanding(op)
+        # a squeeze to a scalar keeps the one value it has: _select squeezes a scalar
+        # parameter broadcast by PyMC (ExpandDims of 2 * sigma) before selecting entries,
+        # and the walk refused a likelihood split by data (rho * y[:-1] with a zero in y)
+        # whose scale was an expression of a latent
+        return _left_expanding(op) or not op.new_order  # (PyTensor drops only size-1 axes)
     return isinstance(op, (ViewOp, SpecifyShape))
 
 
