@@ -2026,3 +2026,27 @@ def test_a_switch_on_a_latent_condition_is_warned_about(condition):
         assert message.startswith("disasters: its parameters switch on a condition of the latent switchpoint")
     else:
         assert hits == []
+
+
+@pytest.mark.parametrize("prior", ["laplace", "cauchy"])
+def test_a_heavy_tailed_coefficient_prior_beside_a_latent_noise_scale(prior):
+    """A Laplace or Cauchy prior on a regression coefficient (a black-box prior of a real
+    latent) next to a Normal likelihood with a latent sigma: drawing the posterior given the
+    scales read every black-box prior's output as a scale's element and crashed with an
+    AttributeError (robustness round 16). Against the exact 2-D grid posterior."""
+    r = np.random.default_rng(7)
+    x = r.normal(size=40)
+    y = 0.8 * x + 0.5 * r.normal(size=40)
+    with pm.Model() as model:
+        b = pm.Laplace("b", 0, 1) if prior == "laplace" else pm.Cauchy("b", 0, 1)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", b * x, s, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, compute_log_likelihood=False)
+    bb = np.linspace(0.2, 1.3, 441)[:, None]
+    ss = np.linspace(0.2, 1.0, 321)[None, :]
+    log_prior = stats.laplace.logpdf(bb, 0, 1) if prior == "laplace" else stats.cauchy.logpdf(bb, 0, 1)
+    logp = log_prior + stats.halfnorm.logpdf(ss, 0, 1) + stats.norm.logpdf(y[:, None, None], bb * x[:, None, None], ss).sum(0)
+    for name, grid in (("b", bb), ("s", ss)):
+        mean, sd = grid_moments(logp, grid)
+        draws = idata.posterior[name].values
+        assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.1, name

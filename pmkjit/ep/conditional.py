@@ -31,7 +31,7 @@ import arviz as az
 import numpy as np
 from scipy.linalg import eigh, solve_triangular  # batched since SciPy 1.15
 
-from pmkjit.graph.factor_graph import FactorGraph
+from pmkjit.graph.factor_graph import ElementSlot, FactorGraph
 
 __all__ = ["ConditionalDraws", "conditional_draws"]
 
@@ -121,7 +121,9 @@ class _Conditional:
         # density, not with the Gamma site EP gave it
         self.priors = []
         for fi, f in enumerate(graph.factors):
-            if f.kind == "prior" and f.logp is not None and not f.latent_inputs and f.output.variable in self.site:
+            # (a black-box prior of a real latent, a Laplace coefficient, has a LinearSlot output)
+            if (f.kind == "prior" and f.logp is not None and not f.latent_inputs
+                    and isinstance(f.output, ElementSlot) and f.output.variable in self.site):
                 np.add.at(self.site[f.output.variable], f.output.index, state.sites[fi][-1])
                 self.priors.append(f)
         self._eig = None
