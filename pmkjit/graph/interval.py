@@ -69,8 +69,9 @@ def rescale_uniform_intervals(model: pm.Model) -> tuple[pm.Model, list[str]]:
         The rewritten model (``model`` itself when nothing was rewritten) and the names of
         the latents that are now deterministics (``lower + (upper - lower) * v``,
         ``lower + v`` or ``upper - v``) of ``UNIT_PREFIX`` latents ``v``. A latent whose
-        bounds depend on a latent, that has no interval transform (``transform=None``), is
-        or whose standardised law PyMC cannot sample is left as it is (and refused by the factor graph, naming it).
+        bounds depend on a latent, one without an interval transform (``transform=None``)
+        and one whose standardised law PyMC cannot sample are left as they are (the
+        factor graph then refuses them, naming them).
     """
     candidates = [rv for rv in model.free_RVs
                   if type(model.rvs_to_transforms.get(rv)).__name__ == "Interval" and isinstance(rv.owner.op, RandomVariable)]
