@@ -39,6 +39,7 @@ from pmkjit.graph.potential import potentials_as_observations
 from pmkjit.graph.simplex import STICK_PREFIX, stick_break_dirichlet
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
 from pmkjit.graph.observed import default_initial_values, observed_as_data
+from pmkjit.graph.pytensor_tools import evaluate_constant
 
 __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
 
@@ -644,7 +645,6 @@ def _warn_latent_conditions(model: pm.Model) -> None:
     into its branches by the factor graph and is not warned about.
     """
     import pytensor.scalar as ps
-    from pytensor.graph.traversal import ancestors
     from pytensor.tensor.elemwise import Elemwise
 
     free = set(model.free_RVs)
@@ -663,7 +663,7 @@ def _warn_latent_conditions(model: pm.Model) -> None:
             if bool(sides[0]) == bool(sides[1]):
                 continue
             try:
-                data = np.asarray(node.inputs[0 if not sides[0] else 1].eval())
+                data = evaluate_constant(node.inputs[0 if not sides[0] else 1])
             except Exception:  # noqa: BLE001 - not a constant: not data
                 continue
             latents = sides[0] or sides[1]

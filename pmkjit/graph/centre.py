@@ -38,6 +38,8 @@ from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.random.basic import NormalRV
 from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
 
+from pmkjit.graph.pytensor_tools import drop_outputs
+
 __all__ = ["centre_non_centred"]
 
 
@@ -268,10 +270,7 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         # the effect becomes the centred latent (indexed like z was, in the second form)
         replacement = centred if index is None else index.op(centred, *index.inputs[1:])
         fg.replace_all([(effect, replacement)], import_missing=True)
-        drop = {zv} | ({det.outputs[0]} if det is not None and factor == 1.0 else set())
-        for i in reversed(range(len(fg.outputs))):
-            if fg.outputs[i] in drop:
-                fg.remove_output(i)
+        drop_outputs(fg, {zv} | ({det.outputs[0]} if det is not None and factor == 1.0 else set()))
         fg.add_output(a_free, import_missing=True)
         fg.add_output(z_det, import_missing=True)
         model_outputs = (model_outputs - {zv}) | {a_free}

@@ -28,6 +28,8 @@ from pytensor.tensor.random.basic import UniformRV
 from pymc.distributions.truncated import TruncatedRV
 from pytensor.tensor.random.op import RandomVariable
 
+from pmkjit.graph.pytensor_tools import drop_outputs, evaluate_constant
+
 __all__ = ["rescale_uniform_intervals", "signed_latents", "UNIT_PREFIX"]
 
 UNIT_PREFIX = "__pmkjit_unit_"  # the hidden Uniform(0, 1) latents (pmkjit.fit leaves them out of the posterior)
@@ -91,7 +93,7 @@ def rescale_uniform_intervals(model: pm.Model) -> tuple[pm.Model, list[str]]:
         bounds = transform.args_fn(*rv.owner.inputs)
         if any(b is not None and any(a in free for a in ancestors([b])) for b in bounds):
             continue  # a latent bound: the support moves with it (left to the factor graph)
-        lo, hi = (None if b is None else np.asarray(pt.as_tensor(b).eval(), dtype=float) for b in bounds)
+        lo, hi = (None if b is None else np.asarray(evaluate_constant(pt.as_tensor(b)), dtype=float) for b in bounds)
         if isinstance(rv.owner.op, TruncatedRV):
             # within its base's support: pm.Truncated(pm.Gamma.dist(2, 1), upper=6) has the
             # transform (-inf, 6) but lives on (0, 6); as 6 - v with a positive v, EP's Gamma
@@ -135,9 +137,7 @@ def rescale_uniform_intervals(model: pm.Model) -> tuple[pm.Model, list[str]]:
         x = model_deterministic(back, *dims)
         x.name = wv.name
         fg.replace_all([(wv, x)], import_missing=True)
-        for i in reversed(range(len(fg.outputs))):
-            if fg.outputs[i] is wv:
-                fg.remove_output(i)
+        drop_outputs(fg, [wv])
         rewritten.append(wv.name)
     if not rewritten:
         return model, []
@@ -160,7 +160,7 @@ def signed_latents(model: pm.Model, names: list[str]) -> set[str]:
             continue
         lower = transform.args_fn(*rv.owner.inputs)[0]
         try:
-            if lower is None or np.any(np.asarray(pt.as_tensor(lower).eval(), dtype=float) < 0):
+            if lower is None or np.any(np.asarray(evaluate_constant(pt.as_tensor(lower)), dtype=float) < 0):
                 signed.add(rv.name)
         except Exception:  # noqa: BLE001 - a bound that cannot be evaluated: signed, to be safe
             signed.add(rv.name)

@@ -27,6 +27,8 @@ from pymc.model.fgraph import (
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
 
+from pmkjit.graph.pytensor_tools import drop_outputs
+
 __all__ = ["potentials_as_observations"]
 
 
@@ -76,9 +78,7 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
         observed = model_observed_rv(rv, pt.as_tensor(np.zeros(())))
         observed.name = name
         fg.add_output(observed, import_missing=True)
-        for i in reversed(range(len(fg.outputs))):
-            if fg.outputs[i] is out:
-                fg.remove_output(i)
+        drop_outputs(fg, [out])
         rewritten.append(name)
     if not rewritten:
         return model, []

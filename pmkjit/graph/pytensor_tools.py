@@ -19,7 +19,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.graph.replace import clone_replace, vectorize_graph
 
 __all__ = ["compile_function", "latent_ancestors", "affine_coefficients", "evaluate_constant",
-           "parameter_checks_to_ninf", "lift_indexing"]
+           "parameter_checks_to_ninf", "lift_indexing", "drop_outputs"]
 
 # PyTensor's C implementation of each op with its cheapest graph rewrites: the C code of
 # an op is generic (per dtype and rank), compiled once per machine and cached, so a
@@ -46,6 +46,19 @@ def latent_ancestors(var: Variable, latents: Sequence[Variable]) -> list[Variabl
 def evaluate_constant(var: Variable) -> np.ndarray:
     """Value of a graph with no latent inputs (data containers are read as they are now)."""
     return np.asarray(compile_function([], var)())
+
+
+def drop_outputs(fg, variables) -> None:
+    """Remove every output of the model graph ``fg`` that is one of ``variables``.
+
+    The model rewrites (centring, stick-breaking, interval rescaling, potentials) replace a
+    model variable by another and must drop the old one from the outputs, or
+    ``model_from_fgraph`` would rebuild it.
+    """
+    drop = set(variables)
+    for i in reversed(range(len(fg.outputs))):
+        if fg.outputs[i] in drop:
+            fg.remove_output(i)
 
 
 def affine_coefficients(

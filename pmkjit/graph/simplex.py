@@ -26,6 +26,8 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.basic import DirichletRV
 from pytensor.tensor.type_other import NoneTypeT
 
+from pmkjit.graph.pytensor_tools import drop_outputs
+
 __all__ = ["stick_break_dirichlet", "STICK_PREFIX"]
 
 STICK_PREFIX = "__pmkjit_stick_"  # the hidden Beta latents (pmkjit.fit leaves them out of the posterior)
@@ -83,9 +85,7 @@ def stick_break_dirichlet(model: pm.Model) -> tuple[pm.Model, list[str]]:
         weights = model_deterministic(pt.stack(pieces), *dims)
         weights.name = wv.name
         fg.replace_all([(wv, weights)], import_missing=True)
-        for i in reversed(range(len(fg.outputs))):
-            if fg.outputs[i] is wv:
-                fg.remove_output(i)
+        drop_outputs(fg, [wv])
         rewritten.append(wv.name)
     if not rewritten:
         return model, []
