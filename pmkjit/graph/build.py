@@ -791,9 +791,9 @@ class _Builder:
         try:
             chosen = np.ones(plate, bool)
             for d in data:
-                # data as they are (a constant or a pm.Data), else computed
-                value = d.data if isinstance(d, Constant) else (
-                    d.get_value() if isinstance(d, TensorSharedVariable) else evaluate_constant(d))
+                value = _stored_value(d)
+                if value is None:
+                    value = evaluate_constant(d)
                 chosen = chosen & np.broadcast_to(np.asarray(value).astype(bool), plate)
         except ValueError:
             return None  # does not follow the entries: left to the walk
@@ -1540,17 +1540,18 @@ def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
 def _no_nan_data(var: Variable, owner: str) -> None:
     """Refuse, naming ``owner`` and the data, NaN in a constant or ``pm.Data`` among ``var``'s ancestors."""
     for leaf in ancestors([var]):
-        if leaf.owner is not None:
-            continue
-        if isinstance(leaf, Constant):
-            value = leaf.data
-        elif isinstance(leaf, TensorSharedVariable):
-            value = leaf.get_value(borrow=True)
-        else:
-            continue
-        value = np.asarray(value)
-        if value.dtype.kind in "fc" and np.isnan(value).any():
+        value = _stored_value(leaf)
+        if value is not None and value.dtype.kind in "fc" and np.isnan(value).any():
             _finite(value, owner, leaf)
+
+
+def _stored_value(var: Variable) -> np.ndarray | None:
+    """The value a constant or a ``pm.Data`` holds, read as it is; None for anything else."""
+    if isinstance(var, Constant):
+        return np.asarray(var.data)
+    if isinstance(var, TensorSharedVariable):
+        return np.asarray(var.get_value(borrow=True))
+    return None
 
 
 def _pass_through(op) -> bool:
