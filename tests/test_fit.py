@@ -277,6 +277,51 @@ def test_operator_store_reuse_and_corrupt_file(tmp_path):
         pmkjit.fit(model=model2, random_seed=0, progressbar=False, operators=tmp_path)
 
 
+def _store_factor(key, name="y"):
+    """The parts of a BlackBoxFactor an OperatorStore reads."""
+    from types import SimpleNamespace
+
+    from pmkjit.families import Beta, Gaussian
+
+    return SimpleNamespace(key=key, name=name, families=(Gaussian, Beta), targets=(0,))
+
+
+@pytest.fixture(scope="module")
+def small_logistic_operator():
+    from pmkjit.families import Beta, Gaussian
+    from pmkjit.features import GaussianJointEmbeddingFeatures
+    from pmkjit.operators import KJITOperator, QuadratureOracle
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200).astype(float)
+    messages = (Gaussian(rng.normal(0.0, 2.0, 200), np.exp(rng.uniform(-2, 2, 200))), Beta(1 + y, 2 - y))
+    op = KJITOperator((Gaussian, Beta), targets=(0,), features=GaussianJointEmbeddingFeatures(50, 100),
+                      search={"inner_scale": (1.0,), "outer_scale": (1.0,)}, random_state=0)
+    op(messages, QuadratureOracle(special.expit, (Gaussian, Beta), unconstrained_function=lambda z: z))
+    return op
+
+
+def test_operator_store_refuses_a_file_copied_onto_another_factors_name(tmp_path, small_logistic_operator):
+    # the families (Gaussian, Beta) of a probit and a logistic factor are the same, so a
+    # probit operator renamed to the logistic's key was loaded and used as the logistic's,
+    # silently, and then overwritten
+    store = OperatorStore(tmp_path)
+    logistic, probit = _store_factor("det-Beta-logistic"), _store_factor("det-Beta-probit")
+    store.save(probit, small_logistic_operator)
+    assert store.load(probit) is not None
+    store.path(probit).rename(store.path(logistic))
+    with pytest.raises(OperatorFileError, match="det-Beta-logistic.npz.*another factor"):
+        store.load(logistic)
+    rng = np.random.default_rng(1)
+    from pmkjit.families import Beta, Gaussian
+
+    store.save_pending(probit, (Gaussian(rng.normal(size=3), np.ones(3)), Beta(np.ones(3), np.ones(3))),
+                       (Gaussian(np.zeros(3), np.ones(3)),))
+    store.pending_path(probit).rename(store.pending_path(logistic))
+    with pytest.raises(OperatorFileError, match="det-Beta-logistic.pending.npz.*another factor"):
+        store.load_pending(logistic)
+
+
 def test_operator_file_with_a_damaged_feature_map_is_refused_naming_it(tmp_path):
     # arrays of the right names but inconsistent shapes passed every check of the loader
     # and failed at the first prediction with "RandomFourierFeatures was fitted on 500
