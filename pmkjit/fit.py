@@ -183,6 +183,8 @@ def fit(
             "only; use pm.sample_prior_predictive or pm.draw for forward samples"
         )
     rng = as_generator(random_seed, "random_seed")
+    # an unusable directory is refused now, not after EP when the operators are written back
+    store = OperatorStore(operators) if operators is not None else None
     timings: dict[str, float] = {}
     t_fit = t0 = time.perf_counter()
     with default_initial_values(original):
@@ -204,7 +206,6 @@ def fit(
         raise UnsupportedModelError(message) from None
     timings["graph"] = time.perf_counter() - t0
 
-    store = OperatorStore(operators) if operators is not None else None
     _warn_non_centred(graph)
     _warn_latent_conditions(original)  # (the names the user wrote)
     _warn_bounded_beside_linear(graph, signed_latents(original, bounded))

@@ -322,6 +322,39 @@ def test_operator_store_refuses_a_file_copied_onto_another_factors_name(tmp_path
         store.load_pending(logistic)
 
 
+def test_an_unwritable_operator_store_is_refused_before_ep_naming_it(tmp_path, monkeypatch):
+    # a read-only directory ran the whole fit and then failed writing the operators back
+    # with a bare OSError naming a temporary file: the fit's result was lost
+    import pmkjit.ep.store as store_module
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "tmpXXXX"))
+
+    monkeypatch.setattr(store_module.tempfile, "mkstemp", read_only)
+    with pytest.raises(OperatorFileError, match=f"{tmp_path}.*cannot be written"):
+        OperatorStore(tmp_path)
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0)
+        pm.Bernoulli("y", logit_p=w, observed=np.array([0, 1, 1]))
+    called = []
+    with pytest.raises(OperatorFileError, match="cannot be written"):
+        pmkjit.fit(model=model, operators=tmp_path, progressbar=False, callback=called.append)
+    assert not called  # refused before any sweep
+    monkeypatch.undo()
+    store = OperatorStore(tmp_path)
+
+    def failing(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "replace", failing)
+    with pytest.raises(OperatorFileError, match=r"y\.pending\.npz"):
+        from pmkjit.families import Beta, Gaussian
+
+        store.save_pending(_store_factor("y"), (Gaussian(np.zeros(1), np.ones(1)), Beta(np.ones(1), np.ones(1))),
+                           (Gaussian(np.zeros(1), np.ones(1)),))
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
 def test_operator_file_with_a_damaged_feature_map_is_refused_naming_it(tmp_path):
     # arrays of the right names but inconsistent shapes passed every check of the loader
     # and failed at the first prediction with "RandomFourierFeatures was fitted on 500

@@ -35,14 +35,33 @@ class OperatorStore:
     Parameters
     ----------
     directory : path
-        Created if missing.
+        Created if missing; it must be writable, since every fit writes its operators back.
+
+    Raises
+    ------
+    OperatorFileError
+        If ``directory`` is an existing file, cannot be created or cannot be written to
+        (checked here, before a fit spends its time on EP, rather than when the operators
+        are written back at its end).
     """
 
     def __init__(self, directory: str | Path):
-        self.directory = Path(directory)
+        try:
+            self.directory = Path(directory)
+        except TypeError as exc:
+            raise TypeError(f"operators must be a directory path (str or os.PathLike), got {directory!r}") from exc
         if self.directory.exists() and not self.directory.is_dir():
             raise OperatorFileError(f"operator store {self.directory} exists and is not a directory")
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=self.directory, suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise OperatorFileError(
+                f"operator store {self.directory} cannot be written to ({exc}); learned operators are written "
+                "back after every fit: pass a writable directory"
+            ) from exc
 
     def path(self, factor: BlackBoxFactor) -> Path:
         return self.directory / f"{factor.key}.npz"
@@ -76,13 +95,16 @@ class OperatorStore:
         return self._write(self.path(factor), write)
 
     def _write(self, path: Path, write) -> Path:
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".npz.tmp")
-        os.close(fd)
+        tmp = None
         try:
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".npz.tmp")
+            os.close(fd)
             write(tmp)
             os.replace(tmp, path)
+        except OSError as exc:
+            raise OperatorFileError(f"could not write operator file {path}: {exc}") from exc
         finally:
-            if os.path.exists(tmp):
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
         return path
 
