@@ -162,8 +162,12 @@ def fit(
     if isinstance(damping, str):
         if damping != "auto":
             raise ValueError(f"damping must be 'auto' or a float in (0, 1], got {damping!r}")
-    elif not 0.0 < damping <= 1.0:
-        raise ValueError(f"damping must be 'auto' or in (0, 1], got {damping}")
+    elif (isinstance(damping, bool) or not isinstance(damping, (int, float, np.integer, np.floating))
+          or not 0.0 < damping <= 1.0):
+        raise ValueError(f"damping must be 'auto' or in (0, 1], got {damping!r}")
+    if callback is not None and not callable(callback):
+        # (it was first called after the first sweep: "'str' object is not callable")
+        raise TypeError(f"callback must be a callable taking a pmkjit.ep.EPInfo, got {callback!r}")
     draws = _count("draws", draws, minimum=1)
     chains = _count("chains", chains, minimum=1)
     max_sweeps = _count("max_sweeps", max_sweeps, minimum=1)
@@ -173,6 +177,8 @@ def fit(
     adaptive = damping == "auto"
     step = 1.0 if adaptive else float(damping)
     original = pm.modelcontext(model)
+    if not isinstance(original, pm.Model):
+        raise TypeError(f"model must be a pymc.Model, got {type(original).__name__} {original!r}")
     _drop_repeated_observed(original)
     if not original.free_RVs:
         # pm.sample refuses this too; EP would otherwise run no sweep and fail building an

@@ -355,6 +355,23 @@ def test_an_unwritable_operator_store_is_refused_before_ep_naming_it(tmp_path, m
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
 
 
+def test_arguments_of_the_wrong_type_are_refused_naming_them_before_any_work(tmp_path):
+    # model="m" failed with "'str' object has no attribute 'observed_RVs'"; a callback that
+    # is not callable only after the first sweep; damping=True was taken as 1.0
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0)
+        pm.Bernoulli("y", logit_p=w, observed=np.array([0, 1, 1]))
+    with pytest.raises(TypeError, match="model must be a pymc.Model"):
+        pmkjit.fit(model="model", progressbar=False)
+    with pytest.raises(TypeError, match="callback must be a callable"):
+        pmkjit.fit(model=model, callback="print", progressbar=False)
+    for damping in (True, None, [0.5]):
+        with pytest.raises(ValueError, match="damping must be"):
+            pmkjit.fit(model=model, damping=damping, progressbar=False)
+    with pytest.raises(TypeError, match="operators must be a directory path"):
+        pmkjit.fit(model=model, operators=123, progressbar=False)
+
+
 def test_operator_file_with_a_damaged_feature_map_is_refused_naming_it(tmp_path):
     # arrays of the right names but inconsistent shapes passed every check of the loader
     # and failed at the first prediction with "RandomFourierFeatures was fitted on 500
