@@ -78,8 +78,11 @@ def fit(
     draws, chains : int
         Independent draws from the EP posterior, arranged as ``chains x draws`` so
         that ArviZ summaries and comparisons work as for MCMC output.
-    random_seed : int, Generator or None
-        Seeds every random choice (KJIT features, oracles, posterior draws).
+    random_seed : None, int, sequence of int, SeedSequence or Generator
+        Seeds every random choice (KJIT features, oracles, posterior draws): the same
+        seed gives bit-identical draws, ``log_likelihood`` and ``ep`` group (apart from
+        its ``seconds_*`` timings); a ``Generator`` is used and advanced in place;
+        ``None`` takes fresh entropy.
     progressbar : bool
         Show a progress bar over EP sweeps.
     method : {"kjit", "oracle", "quadrature"}
@@ -94,10 +97,11 @@ def fit(
         systematic error would add up on that latent; without ``operators``, also a
         factor of fewer than 50 instances (fewer than an operator's first fit needs).
         ``"quadrature"`` keeps an operator in front of quadrature for every factor.
-    operators : path, optional
-        Directory of learned KJIT operators: operators found there are loaded (so a
-        second fit of a similar model needs few or no oracle calls) and all operators
-        are written back after the fit.
+    operators : str or os.PathLike, optional
+        Directory of learned KJIT operators (created if missing; it must be writable):
+        operators found there are loaded (so a second fit of a similar model needs few
+        or no oracle calls) and all operators are written back after the fit. See
+        :class:`pmkjit.ep.OperatorStore`.
     damping : "auto" or float in (0, 1]
         Weight of new sites in each EP update. ``"auto"`` starts undamped and halves
         the weight (down to 0.05) after a sweep that changes the posterior more than the
@@ -112,6 +116,7 @@ def fit(
         (``ep.attrs["restarts"]``). A float fixes the damping. See
         :mod:`pmkjit.ep.schedule`.
     max_sweeps : int
+        Most EP sweeps run (``EPNotConvergedWarning`` when EP has not converged by then).
     tol : float
         Convergence: largest change of a posterior mean (in posterior sds) or log sd
         between sweeps, divided by the damping of the sweep.
@@ -123,15 +128,18 @@ def fit(
         Called after every sweep with its :class:`pmkjit.ep.EPInfo` (sweep number,
         change, damping, guard events, and per KJIT factor the predictive variance of
         every message and which ones went to the oracle), e.g. to plot the operator's
-        uncertainty over time.
+        uncertainty over time. A model whose factors are all exact needs no sweep, and
+        the callback is not called.
 
     Returns
     -------
     arviz.InferenceData
         Groups ``posterior`` (with the model's coords, dims and deterministics),
-        ``log_likelihood``, ``observed_data``, ``constant_data`` and ``ep`` (sweeps,
-        convergence trace, guard events, oracle calls, time in each part, and the EP
-        posterior itself in closed form: see :func:`ep_posterior`).
+        ``log_likelihood`` (with ``compute_log_likelihood``), ``observed_data`` and
+        ``constant_data`` (where the model has observations and ``pm.Data`` or other
+        constants), and ``ep`` (sweeps, convergence trace, guard events, oracle calls,
+        time in each part, and the EP posterior itself in closed form: see
+        :func:`ep_posterior`).
 
     Notes
     -----
@@ -153,7 +161,17 @@ def fit(
     ------
     UnsupportedModelError
         Naming the variable and the reason when the model is outside what pmkjit
-        supports.
+        supports (including a model without free variables).
+    OperatorFileError
+        When ``operators`` is not a writable directory, or a file in it is corrupt, of
+        another version or written for another factor (naming the file).
+    ValueError, TypeError
+        For an argument out of its range or of the wrong type (naming the argument).
+
+    Warns
+    -----
+    EPNotConvergedWarning
+        When EP stops at ``max_sweeps`` or without reaching a fixed point.
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
