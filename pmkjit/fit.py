@@ -1120,6 +1120,16 @@ def ep_posterior(idata: az.InferenceData) -> dict[str, ExponentialFamily]:
         ``idata.ep.gaussian_cov``), Gamma or Beta for positive or unit-interval ones.
         Exact, unlike moments estimated from the posterior draws.
 
+    Notes
+    -----
+    The keys are the latents of the model EP ran, which :func:`fit` may have rewritten:
+    a centred non-centred effect is its centred latent (``a``, not ``z``; an effect
+    without a name is ``__pmkjit_centred_<z>``); a latent on another constant interval,
+    ``r = lower + (upper - lower) * u``, is its hidden unit or positive latent
+    ``__pmkjit_unit_<r>``; a ``pm.Dirichlet`` ``d`` is its stick-breaking Betas
+    ``__pmkjit_stick_<d>_<k>``; variables drawn from their predictive after EP are
+    absent. ``idata.ep.attrs["latent_families"]`` lists the keys.
+
     Raises
     ------
     ValueError
