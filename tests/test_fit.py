@@ -341,6 +341,13 @@ def test_an_unwritable_operator_store_is_refused_before_ep_naming_it(tmp_path, m
         pmkjit.fit(model=model, operators=tmp_path, progressbar=False, callback=called.append)
     assert not called  # refused before any sweep
     monkeypatch.undo()
+    a_file = tmp_path / "ops"
+    a_file.write_text("my notes")
+    for path in (a_file, a_file / "sub"):  # a file, and a directory below one
+        with pytest.raises(OperatorFileError, match="ops"):
+            pmkjit.fit(model=model, operators=path, progressbar=False)
+    assert a_file.read_text() == "my notes"
+    a_file.unlink()
     store = OperatorStore(tmp_path)
 
     def failing(*args, **kwargs):
