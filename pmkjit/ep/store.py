@@ -64,6 +64,7 @@ class OperatorStore:
             ) from exc
 
     def path(self, factor: BlackBoxFactor) -> Path:
+        """The operator file of ``factor``: ``<directory>/<factor.key>.npz``."""
         return self.directory / f"{factor.key}.npz"
 
     def load(self, factor: BlackBoxFactor) -> KJITOperator | None:
@@ -110,6 +111,7 @@ class OperatorStore:
 
     # ---------------------------------------------- answers awaiting a first fit
     def pending_path(self, factor: BlackBoxFactor) -> Path:
+        """The file of ``factor``'s answers awaiting a first fit: ``<directory>/<factor.key>.pending.npz``."""
         return self.directory / f"{factor.key}.pending.npz"
 
     def save_pending(self, factor: BlackBoxFactor, messages, beliefs) -> Path:
