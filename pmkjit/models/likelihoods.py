@@ -40,7 +40,7 @@ class Likelihood:
         return {}
 
     def mean(self, f, params) -> np.ndarray:  # pragma: no cover
-        """Conditional mean ``E[y | f]`` (the inverse link of ``f``)."""
+        """Conditional mean ``E[y | f]`` (the inverse link of ``f``, times ``n_trials`` for a Binomial)."""
         raise NotImplementedError
 
     def var(self, f, params) -> np.ndarray:  # pragma: no cover
