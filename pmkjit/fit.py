@@ -78,8 +78,11 @@ def fit(
     draws, chains : int
         Independent draws from the EP posterior, arranged as ``chains x draws`` so
         that ArviZ summaries and comparisons work as for MCMC output.
-    random_seed : int, Generator or None
-        Seeds every random choice (KJIT features, oracles, posterior draws).
+    random_seed : None, int, sequence of int, SeedSequence or Generator
+        Seeds every random choice (KJIT features, oracles, posterior draws): the same
+        seed gives bit-identical draws, ``log_likelihood`` and ``ep`` group (apart from
+        its ``seconds_*`` timings); a ``Generator`` is used and advanced in place;
+        ``None`` takes fresh entropy.
     progressbar : bool
         Show a progress bar over EP sweeps.
     method : {"kjit", "oracle", "quadrature"}
@@ -94,10 +97,11 @@ def fit(
         systematic error would add up on that latent; without ``operators``, also a
         factor of fewer than 50 instances (fewer than an operator's first fit needs).
         ``"quadrature"`` keeps an operator in front of quadrature for every factor.
-    operators : path, optional
-        Directory of learned KJIT operators: operators found there are loaded (so a
-        second fit of a similar model needs few or no oracle calls) and all operators
-        are written back after the fit.
+    operators : str or os.PathLike, optional
+        Directory of learned KJIT operators (created if missing; it must be writable):
+        operators found there are loaded (so a second fit of a similar model needs few
+        or no oracle calls) and all operators are written back after the fit. See
+        :class:`pmkjit.ep.OperatorStore`.
     damping : "auto" or float in (0, 1]
         Weight of new sites in each EP update. ``"auto"`` starts undamped and halves
         the weight (down to 0.05) after a sweep that changes the posterior more than the
@@ -112,6 +116,7 @@ def fit(
         (``ep.attrs["restarts"]``). A float fixes the damping. See
         :mod:`pmkjit.ep.schedule`.
     max_sweeps : int
+        Most EP sweeps run (``EPNotConvergedWarning`` when EP has not converged by then).
     tol : float
         Convergence: largest change of a posterior mean (in posterior sds) or log sd
         between sweeps, divided by the damping of the sweep.
@@ -123,15 +128,18 @@ def fit(
         Called after every sweep with its :class:`pmkjit.ep.EPInfo` (sweep number,
         change, damping, guard events, and per KJIT factor the predictive variance of
         every message and which ones went to the oracle), e.g. to plot the operator's
-        uncertainty over time.
+        uncertainty over time. A model whose factors are all exact needs no sweep, and
+        the callback is not called.
 
     Returns
     -------
     arviz.InferenceData
         Groups ``posterior`` (with the model's coords, dims and deterministics),
-        ``log_likelihood``, ``observed_data``, ``constant_data`` and ``ep`` (sweeps,
-        convergence trace, guard events, oracle calls, time in each part, and the EP
-        posterior itself in closed form: see :func:`ep_posterior`).
+        ``log_likelihood`` (with ``compute_log_likelihood``), ``observed_data`` and
+        ``constant_data`` (where the model has observations and ``pm.Data`` or other
+        constants), and ``ep`` (sweeps, convergence trace, guard events, oracle calls,
+        time in each part, and the EP posterior itself in closed form: see
+        :func:`ep_posterior`).
 
     Notes
     -----
@@ -153,7 +161,17 @@ def fit(
     ------
     UnsupportedModelError
         Naming the variable and the reason when the model is outside what pmkjit
-        supports.
+        supports (including a model without free variables).
+    OperatorFileError
+        When ``operators`` is not a writable directory, or a file in it is corrupt, of
+        another version or written for another factor (naming the file).
+    ValueError, TypeError
+        For an argument out of its range or of the wrong type (naming the argument).
+
+    Warns
+    -----
+    EPNotConvergedWarning
+        When EP stops at ``max_sweeps`` or without reaching a fixed point.
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
@@ -162,8 +180,12 @@ def fit(
     if isinstance(damping, str):
         if damping != "auto":
             raise ValueError(f"damping must be 'auto' or a float in (0, 1], got {damping!r}")
-    elif not 0.0 < damping <= 1.0:
-        raise ValueError(f"damping must be 'auto' or in (0, 1], got {damping}")
+    elif (isinstance(damping, bool) or not isinstance(damping, (int, float, np.integer, np.floating))
+          or not 0.0 < damping <= 1.0):
+        raise ValueError(f"damping must be 'auto' or in (0, 1], got {damping!r}")
+    if callback is not None and not callable(callback):
+        # (it was first called after the first sweep: "'str' object is not callable")
+        raise TypeError(f"callback must be a callable taking a pmkjit.ep.EPInfo, got {callback!r}")
     draws = _count("draws", draws, minimum=1)
     chains = _count("chains", chains, minimum=1)
     max_sweeps = _count("max_sweeps", max_sweeps, minimum=1)
@@ -173,6 +195,8 @@ def fit(
     adaptive = damping == "auto"
     step = 1.0 if adaptive else float(damping)
     original = pm.modelcontext(model)
+    if not isinstance(original, pm.Model):
+        raise TypeError(f"model must be a pymc.Model, got {type(original).__name__} {original!r}")
     _drop_repeated_observed(original)
     if not original.free_RVs:
         # pm.sample refuses this too; EP would otherwise run no sweep and fail building an
@@ -183,6 +207,8 @@ def fit(
             "only; use pm.sample_prior_predictive or pm.draw for forward samples"
         )
     rng = as_generator(random_seed, "random_seed")
+    # an unusable directory is refused now, not after EP when the operators are written back
+    store = OperatorStore(operators) if operators is not None else None
     timings: dict[str, float] = {}
     t_fit = t0 = time.perf_counter()
     with default_initial_values(original):
@@ -204,7 +230,6 @@ def fit(
         raise UnsupportedModelError(message) from None
     timings["graph"] = time.perf_counter() - t0
 
-    store = OperatorStore(operators) if operators is not None else None
     _warn_non_centred(graph)
     _warn_latent_conditions(original)  # (the names the user wrote)
     _warn_bounded_beside_linear(graph, signed_latents(original, bounded))
@@ -1094,6 +1119,16 @@ def ep_posterior(idata: az.InferenceData) -> dict[str, ExponentialFamily]:
         for real-valued latents (the joint Gaussian is ``idata.ep.gaussian_mean`` and
         ``idata.ep.gaussian_cov``), Gamma or Beta for positive or unit-interval ones.
         Exact, unlike moments estimated from the posterior draws.
+
+    Notes
+    -----
+    The keys are the latents of the model EP ran, which :func:`fit` may have rewritten:
+    a centred non-centred effect is its centred latent (``a``, not ``z``; an effect
+    without a name is ``__pmkjit_centred_<z>``); a latent on another constant interval,
+    ``r = lower + (upper - lower) * u``, is its hidden unit or positive latent
+    ``__pmkjit_unit_<r>``; a ``pm.Dirichlet`` ``d`` is its stick-breaking Betas
+    ``__pmkjit_stick_<d>_<k>``; variables drawn from their predictive after EP are
+    absent. ``idata.ep.attrs["latent_families"]`` lists the keys.
 
     Raises
     ------

@@ -277,6 +277,108 @@ def test_operator_store_reuse_and_corrupt_file(tmp_path):
         pmkjit.fit(model=model2, random_seed=0, progressbar=False, operators=tmp_path)
 
 
+def _store_factor(key, name="y"):
+    """The parts of a BlackBoxFactor an OperatorStore reads."""
+    from types import SimpleNamespace
+
+    from pmkjit.families import Beta, Gaussian
+
+    return SimpleNamespace(key=key, name=name, families=(Gaussian, Beta), targets=(0,))
+
+
+@pytest.fixture(scope="module")
+def small_logistic_operator():
+    from pmkjit.families import Beta, Gaussian
+    from pmkjit.features import GaussianJointEmbeddingFeatures
+    from pmkjit.operators import KJITOperator, QuadratureOracle
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200).astype(float)
+    messages = (Gaussian(rng.normal(0.0, 2.0, 200), np.exp(rng.uniform(-2, 2, 200))), Beta(1 + y, 2 - y))
+    op = KJITOperator((Gaussian, Beta), targets=(0,), features=GaussianJointEmbeddingFeatures(50, 100),
+                      search={"inner_scale": (1.0,), "outer_scale": (1.0,)}, random_state=0)
+    op(messages, QuadratureOracle(special.expit, (Gaussian, Beta), unconstrained_function=lambda z: z))
+    return op
+
+
+def test_operator_store_refuses_a_file_copied_onto_another_factors_name(tmp_path, small_logistic_operator):
+    # the families (Gaussian, Beta) of a probit and a logistic factor are the same, so a
+    # probit operator renamed to the logistic's key was loaded and used as the logistic's,
+    # silently, and then overwritten
+    store = OperatorStore(tmp_path)
+    logistic, probit = _store_factor("det-Beta-logistic"), _store_factor("det-Beta-probit")
+    store.save(probit, small_logistic_operator)
+    assert store.load(probit) is not None
+    store.path(probit).rename(store.path(logistic))
+    with pytest.raises(OperatorFileError, match="det-Beta-logistic.npz.*another factor"):
+        store.load(logistic)
+    rng = np.random.default_rng(1)
+    from pmkjit.families import Beta, Gaussian
+
+    store.save_pending(probit, (Gaussian(rng.normal(size=3), np.ones(3)), Beta(np.ones(3), np.ones(3))),
+                       (Gaussian(np.zeros(3), np.ones(3)),))
+    store.pending_path(probit).rename(store.pending_path(logistic))
+    with pytest.raises(OperatorFileError, match="det-Beta-logistic.pending.npz.*another factor"):
+        store.load_pending(logistic)
+
+
+def test_an_unwritable_operator_store_is_refused_before_ep_naming_it(tmp_path, monkeypatch):
+    # a read-only directory ran the whole fit and then failed writing the operators back
+    # with a bare OSError naming a temporary file: the fit's result was lost
+    import pmkjit.ep.store as store_module
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "tmpXXXX"))
+
+    monkeypatch.setattr(store_module.tempfile, "mkstemp", read_only)
+    with pytest.raises(OperatorFileError, match=f"{tmp_path}.*cannot be written"):
+        OperatorStore(tmp_path)
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0)
+        pm.Bernoulli("y", logit_p=w, observed=np.array([0, 1, 1]))
+    called = []
+    with pytest.raises(OperatorFileError, match="cannot be written"):
+        pmkjit.fit(model=model, operators=tmp_path, progressbar=False, callback=called.append)
+    assert not called  # refused before any sweep
+    monkeypatch.undo()
+    a_file = tmp_path / "ops"
+    a_file.write_text("my notes")
+    for path in (a_file, a_file / "sub"):  # a file, and a directory below one
+        with pytest.raises(OperatorFileError, match="ops"):
+            pmkjit.fit(model=model, operators=path, progressbar=False)
+    assert a_file.read_text() == "my notes"
+    a_file.unlink()
+    store = OperatorStore(tmp_path)
+
+    def failing(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "replace", failing)
+    with pytest.raises(OperatorFileError, match=r"y\.pending\.npz"):
+        from pmkjit.families import Beta, Gaussian
+
+        store.save_pending(_store_factor("y"), (Gaussian(np.zeros(1), np.ones(1)), Beta(np.ones(1), np.ones(1))),
+                           (Gaussian(np.zeros(1), np.ones(1)),))
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+def test_arguments_of_the_wrong_type_are_refused_naming_them_before_any_work(tmp_path):
+    # model="m" failed with "'str' object has no attribute 'observed_RVs'"; a callback that
+    # is not callable only after the first sweep; damping=True was taken as 1.0
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0)
+        pm.Bernoulli("y", logit_p=w, observed=np.array([0, 1, 1]))
+    with pytest.raises(TypeError, match="model must be a pymc.Model"):
+        pmkjit.fit(model="model", progressbar=False)
+    with pytest.raises(TypeError, match="callback must be a callable"):
+        pmkjit.fit(model=model, callback="print", progressbar=False)
+    for damping in (True, None, [0.5]):
+        with pytest.raises(ValueError, match="damping must be"):
+            pmkjit.fit(model=model, damping=damping, progressbar=False)
+    with pytest.raises(TypeError, match="operators must be a directory path"):
+        pmkjit.fit(model=model, operators=123, progressbar=False)
+
+
 def test_operator_file_with_a_damaged_feature_map_is_refused_naming_it(tmp_path):
     # arrays of the right names but inconsistent shapes passed every check of the loader
     # and failed at the first prediction with "RandomFourierFeatures was fitted on 500

@@ -28,9 +28,11 @@ class Likelihood:
         return {}
 
     def logpdf(self, y, f, params) -> np.ndarray:  # pragma: no cover - abstract
+        """Log density of ``y`` (shape ``(n,)``) given latents ``f`` (``(n, S)``): ``(n, S)``."""
         raise NotImplementedError
 
     def dlogpdf_df(self, y, f, params) -> np.ndarray:  # pragma: no cover
+        """Derivative of :meth:`logpdf` in ``f``, elementwise: ``(n, S)``."""
         raise NotImplementedError
 
     def dlogpdf_dparams(self, y, f, params) -> dict[str, np.ndarray]:
@@ -38,12 +40,15 @@ class Likelihood:
         return {}
 
     def mean(self, f, params) -> np.ndarray:  # pragma: no cover
+        """Conditional mean ``E[y | f]`` (the inverse link of ``f``, times ``n_trials`` for a Binomial)."""
         raise NotImplementedError
 
     def var(self, f, params) -> np.ndarray:  # pragma: no cover
+        """Conditional variance ``Var[y | f]``."""
         raise NotImplementedError
 
     def cdf(self, y, f, params) -> np.ndarray:  # pragma: no cover
+        """Conditional CDF ``P(Y <= y | f)`` (for predictive quantiles)."""
         raise NotImplementedError
 
     def check_y(self, y: np.ndarray) -> None:
