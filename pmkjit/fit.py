@@ -113,7 +113,9 @@ def fit(
         rejected (it would have made the posterior improper) halves the weight and does
         not count as convergence; if the last sweep still had one, EP starts again from
         the priors at the smallest weight, which the same rules then raise
-        (``ep.attrs["restarts"]``). A float fixes the damping. See
+        (``ep.attrs["restarts"]``). Where six sweeps in a row contract by a slow linear
+        recurrence, the sites jump to its fixed point (``ep.attrs["extrapolations"]``).
+        A float fixes the damping and turns these rules off. See
         :mod:`pmkjit.ep.schedule`.
     max_sweeps : int
         Most EP sweeps run (``EPNotConvergedWarning`` when EP has not converged by then).

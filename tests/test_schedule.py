@@ -15,15 +15,27 @@ from pmkjit.ep import engine, schedule
 from pmkjit.ep.engine import EPInfo
 
 
-def _linear_sweeps(monkeypatch, lam: float, x0=(1.0, -0.5, 0.25)):
-    """Patch engine.sweep with x <- x + damping (lam x - x) around the fixed point 0 (sds 1)."""
+def _linear_sweeps(monkeypatch, lam, x0=(1.0, -0.5, 0.25)):
+    """Patch engine.sweep with x <- x + damping (T x - x) around the fixed point 0 (sds 1).
+
+    ``lam`` is T's eigenvalue (T = lam I) or the matrix T itself; the state is x itself,
+    and engine.combine, which extrapolations call, the weighted sum of states.
+    """
+    T = np.asarray(lam, float) if np.ndim(lam) == 2 else lam * np.eye(len(x0))
+
     def sweep(graph, prior, state, methods, *, damping):
-        new = state + damping * (lam * state - state)
+        new = state + damping * (T @ state - state)
         change = new - state
         return new, EPInfo(max_change=float(np.abs(change).max()), change=change, updated=1)
 
     monkeypatch.setattr(engine, "sweep", sweep)
+    monkeypatch.setattr(engine, "combine", lambda graph, prior, states, w: sum(wi * x for wi, x in zip(w, states)))
     return SimpleNamespace(factors=[object()]), np.asarray(x0, float)
+
+
+def _sweeps_to_tol(rate: float, first_change: float, tol: float = 1e-3) -> int:
+    """Sweeps of a contraction by ``rate`` until a change is below ``tol`` (the first is ``first_change``)."""
+    return int(np.ceil(np.log(tol / first_change) / np.log(rate))) + 1
 
 
 def test_a_slow_period_two_oscillation_halves_the_damping(monkeypatch):
@@ -39,6 +51,7 @@ def test_a_slow_period_two_oscillation_halves_the_damping(monkeypatch):
 
 def test_a_slow_monotone_contraction_keeps_the_damping(monkeypatch):
     """Successive changes point the same way: halving would only slow it down."""
+    monkeypatch.setattr(schedule, "_SLOW_MODULUS", (1.0, 1.0))  # no extrapolation: sweeps alone
     graph, x0 = _linear_sweeps(monkeypatch, lam=0.8)
     steps = []
     run = schedule.run(graph, None, x0, [], damping=1.0, adaptive=True, tol=1e-3, max_sweeps=60,
@@ -46,7 +59,43 @@ def test_a_slow_monotone_contraction_keeps_the_damping(monkeypatch):
     assert run.converged and run.events["oscillation_halvings"] == 0
     assert set(steps) == {1.0}
     # 0.8**k * 0.2 < 1e-3 from k = 24: the undamped closed form
-    assert run.sweeps == int(np.ceil(np.log(1e-3 / 0.2) / np.log(0.8))) + 1
+    assert run.sweeps == _sweeps_to_tol(0.8, 0.2)
+
+
+def test_a_slow_monotone_contraction_is_extrapolated_to_its_fixed_point(monkeypatch):
+    """With T = 0.8 I the changes obey u_{j+1} = 0.8 u_j: six sweeps identify it, and
+    x* = (x_m - 0.8 x_{m-1}) / 0.2 is the fixed point 0 itself; one sweep confirms it."""
+    graph, x0 = _linear_sweeps(monkeypatch, lam=0.8)
+    run = schedule.run(graph, None, x0, [], damping=1.0, adaptive=True, tol=1e-3, max_sweeps=60)
+    assert run.converged and run.events["extrapolations"] == 1 and run.events["extrapolations_undone"] == 0
+    assert run.sweeps == schedule._EXTRAPOLATION_WINDOW + 1
+    np.testing.assert_allclose(run.state, 0.0, atol=1e-12)
+
+
+def test_a_slow_rotation_is_extrapolated_to_its_fixed_point(monkeypatch):
+    """A complex pair 0.9 exp(+-0.4 pi i): successive changes nearly orthogonal, no
+    direction repeats, the size shrinks 10% a sweep; order two recovers x* exactly."""
+    angle = 0.4 * np.pi
+    R = 0.9 * np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    graph, x0 = _linear_sweeps(monkeypatch, lam=R, x0=(1.0, -0.5))
+    run = schedule.run(graph, None, x0, [], damping=1.0, adaptive=True, tol=1e-3, max_sweeps=100)
+    assert run.converged and run.events["extrapolations"] == 1
+    np.testing.assert_allclose(run.state, 0.0, atol=1e-10)
+    monkeypatch.setattr(schedule, "_SLOW_MODULUS", (1.0, 1.0))
+    plain = schedule.run(graph, None, x0, [], damping=1.0, adaptive=True, tol=1e-3, max_sweeps=100)
+    assert plain.converged and plain.sweeps > 3 * run.sweeps
+
+
+def test_a_jump_that_lands_farther_away_is_undone(monkeypatch):
+    """If the sweep after a jump moves farther than the one before it, the run returns to
+    where the jump started and sweeps on without jumping: the same fixed point."""
+    graph, x0 = _linear_sweeps(monkeypatch, lam=0.8)
+    monkeypatch.setattr(engine, "combine", lambda graph, prior, states, w: 50.0 * states[-1])
+    run = schedule.run(graph, None, x0, [], damping=1.0, adaptive=True, tol=1e-3, max_sweeps=60)
+    assert run.converged and run.events["extrapolations"] == 1 and run.events["extrapolations_undone"] == 1
+    assert np.abs(run.state).max() < 5e-3
+    # the undone jump costs one sweep, and none is tried again
+    assert run.sweeps == _sweeps_to_tol(0.8, 0.2) + 1
 
 
 def test_a_fast_wobble_is_left_alone(monkeypatch):
@@ -61,6 +110,38 @@ def test_oscillations_of_any_slow_rate_converge_with_auto_damping(monkeypatch, l
     graph, x0 = _linear_sweeps(monkeypatch, lam=lam)
     run = schedule.run(graph, None, x0, [], damping=1.0, adaptive=True, tol=1e-3, max_sweeps=50)
     assert run.converged and run.sweeps <= 15 and np.abs(run.state).max() < 1e-2
+
+
+def test_a_random_walk_with_a_latent_step_reaches_the_same_fixed_point_in_fewer_sweeps(monkeypatch):
+    """A local-level model (N = 40): the step's sites and the 40 levels' drift together
+    by 0.9 a sweep, 58 sweeps to converge. The jump over that mode must land on the
+    fixed point that sweeping alone reaches, in fewer sweeps."""
+    import pmkjit
+    import pymc as pm
+
+    rng = np.random.default_rng(5)
+    y = np.cumsum(0.3 * rng.normal(size=40)) + 0.5 * rng.normal(size=40)
+
+    def fit():
+        with pm.Model() as m:
+            step, noise = pm.HalfNormal("step", 1.0), pm.HalfNormal("noise", 1.0)
+            pm.GaussianRandomWalk("level", sigma=step, init_dist=pm.Normal.dist(0, 5), shape=40)
+            pm.Normal("y", m["level"], noise, observed=y)
+        with pytest.warns(UserWarning, match="random walk with a latent step size"):
+            idata = pmkjit.fit(model=m, random_seed=1, progressbar=False, draws=10, max_sweeps=200,
+                               compute_log_likelihood=False)
+        assert idata.ep.attrs["converged"]
+        return idata.ep.attrs, pmkjit.ep_posterior(idata)
+
+    jumped, q = fit()
+    monkeypatch.setattr(schedule, "_SLOW_MODULUS", (1.0, 1.0))
+    swept, q_ref = fit()
+    assert jumped["extrapolations"] >= 1 and swept["extrapolations"] == 0
+    assert jumped["sweeps"] < 0.6 * swept["sweeps"]
+    for name in ("step", "noise", "level"):
+        sd = np.sqrt(q_ref[name].var())
+        assert np.abs(q[name].mean() - q_ref[name].mean()).max() < 0.01 * sd.min(), name
+        assert np.abs(np.log(np.sqrt(q[name].var()) / sd)).max() < 0.01, name
 
 
 def _nuts_moments(model, names, seed=0):

@@ -19,7 +19,7 @@ retried with half the damping, then dropped. Each is counted.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +30,7 @@ from pmkjit.families import Beta, Gamma, Gaussian, PointMass
 from pmkjit.ep.joint import joint_update
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, FactorGraph, LinearSlot
 
-__all__ = ["EPState", "EPInfo", "init", "sweep", "posterior_moments"]
+__all__ = ["EPState", "EPInfo", "init", "sweep", "combine", "posterior_moments"]
 
 _MAX_HALVINGS = 4
 _FLAT = 1e-8  # cavity / marginal precision below which a prior's output cavity counts as flat
@@ -342,6 +342,17 @@ def _update_factor(graph: FactorGraph, prior: _Prior, sites: list[list[np.ndarra
                                   info)
     info.seconds["update"] = info.seconds.get("update", 0.0) + time.perf_counter() - t1
     return sites, state
+
+
+def combine(graph: FactorGraph, prior: _Prior, states: Sequence[EPState], weights: np.ndarray) -> EPState | None:
+    """The posterior of the sites ``sum_i weights[i] * states[i].sites``, or None if improper.
+
+    The weights sum to 1 (an affine combination: an extrapolation of the sweeps' sites).
+    """
+    sites = [[sum(w * s.sites[fi][k] for w, s in zip(weights, states)) for k in range(len(fs))]
+             for fi, fs in enumerate(states[-1].sites)]
+    state = _posterior(graph, prior, sites, jitter=False)
+    return state if state is not None and _proper_elements(graph, state) else None
 
 
 def _flat_up_to_round_off(cavity: np.ndarray, marginal: np.ndarray) -> np.ndarray:

@@ -15,7 +15,17 @@ the damping to what the sweeps do:
 * a sweep that moves less than half as far as the last one, or two shrinking sweeps in
   a row, double it (up to 1);
 * a slow period-2 oscillation (successive changes pointing in opposite directions while
-  their size shrinks by less than half over two sweeps) halves it.
+  their size shrinks by less than half over two sweeps) halves it;
+* a slow linear mode is jumped over: when six sweeps in a row at one step, with no
+  guard event and no oracle call, change the posterior by a linear recurrence of order
+  one or two (one slow eigenvalue, or a pair: a rotation, a slow drift under a wobble)
+  whose largest eigenvalue has modulus in (0.5, 0.99), the sites move to the
+  recurrence's fixed point (minimal polynomial extrapolation) and sweeping goes on from
+  there. A latent scale coupled to many Gaussian latents (a random walk's step) contracts
+  like that, about 0.9 a sweep: 50-120 sweeps where the jump needs 25-35. If the sweep
+  after a jump moves farther than the one before it, the jump is undone and not tried
+  again in the run. The fixed point is EP's own either way: convergence is still a sweep
+  that moves less than ``tol``.
 
 Distances are changes divided by the sweep's damping (a damped sweep moves only that
 fraction of the way), so heavy damping cannot pass for convergence: EP has converged
@@ -45,6 +55,14 @@ _ANTI_ALIGNED = -0.5
 # is slow: a period-2 mode of eigenvalue lambda in (-1, -0.7); halving the damping
 # turns it into (1 + lambda) / 2, which is nearly 0.
 _SLOW_TWO_SWEEPS = 0.5
+# A slow linear mode: over _EXTRAPOLATION_WINDOW consecutive clean sweeps at one step, the
+# changes follow a linear recurrence of order one or two (one real eigenvalue, or a pair:
+# a rotation, a slow mode under a period-2 wobble) to within _RECURRENCE_RESIDUAL, with
+# the largest eigenvalue's modulus in _SLOW_MODULUS (slow enough to be worth a jump,
+# and contracting) ...
+_EXTRAPOLATION_WINDOW = 6
+_RECURRENCE_RESIDUAL = 0.1
+_SLOW_MODULUS = (0.5, 0.99)
 
 EVENTS = ("skipped_improper_cavity", "damping_halvings", "rejected_updates", "unanswered")
 
@@ -61,7 +79,8 @@ class EPRun:
         ``max_change`` of every sweep, undone ones included.
     events : dict of str to int
         Guard events summed over the kept sweeps, ``reverted_sweeps`` (undone
-        overshoots) and ``oscillation_halvings`` (damping halved on a slow oscillation).
+        overshoots), ``oscillation_halvings`` (damping halved on a slow oscillation),
+        ``extrapolations`` (jumps over a slow linear mode) and ``extrapolations_undone``.
     sweeps : int
         Sweeps run, undone ones included.
     converged : bool
@@ -117,12 +136,16 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
     """
     step = float(damping)
     out = EPRun(state=state, step=step, limit_step=step,
-                events={**{k: 0 for k in EVENTS}, "reverted_sweeps": 0, "oscillation_halvings": 0},
+                events={**{k: 0 for k in EVENTS}, "reverted_sweeps": 0, "oscillation_halvings": 0,
+                            "extrapolations": 0, "extrapolations_undone": 0},
                 converged=not graph.factors)
     accepted: list[float] = []  # distances still to go (change / step) of the sweeps kept
     last_change: np.ndarray | None = None  # signed change of the last kept sweep
     anti_streak = 0  # kept sweeps in a row pointing against the one before
     last_undone: float | None = None  # distance of the sweep just undone, if the last one was
+    clean: list[tuple] = []  # (state, change, step) of consecutive clean kept sweeps at one step
+    extrapolated: tuple[EPState, float] | None = None  # (state before, its distance) after an extrapolation
+    may_extrapolate = adaptive
     for n in range(max_sweeps if graph.factors else 0):
         previous = out.state
         out.state, info = engine.sweep(graph, prior, out.state, methods, damping=step)
@@ -130,7 +153,7 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         out.sweeps = n + 1
         if callback is not None:
             callback(info)
-        out.limit_step = step
+        out.limit_step = step_used = step
         # A sweep that moved no site because every answer was refused (a tilted law
         # the oracle could not resolve, an update that broke the posterior) changes
         # nothing: that is a stall, not convergence.
@@ -202,6 +225,18 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
                 timings[k] = timings.get(k, 0.0) + v
         if advance is not None:
             advance(info.max_change)
+        if extrapolated is not None:
+            before, before_distance = extrapolated
+            extrapolated = None
+            if distance > before_distance or stalled or rejected:
+                # the jump did not shorten the way (the map was not linear that far out):
+                # back to where it started, and no more jumps in this run
+                out.state = before
+                step = step_used  # the jump, not the step, made that sweep long
+                out.events["extrapolations_undone"] += 1
+                may_extrapolate = False
+                clean = []
+                continue
         if reverted:
             out.state = previous
             out.events["reverted_sweeps"] += 1
@@ -214,12 +249,60 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         if done:
             out.converged = True
             break
+        # Only sweeps of one fixed map make a recurrence: the same step, no guard event,
+        # and no oracle call (a KJIT operator that learned from one answers differently).
+        is_clean = (not stalled and not rejected and info.damping_halvings == 0 and info.unanswered == 0
+                    and not any(a.any() for a in info.asked.values()))
+        if may_extrapolate and is_clean and not overshoot and not oscillating:
+            if clean and (clean[-1][0] is not previous or clean[-1][2] != step_used):
+                clean = []
+            if not clean:
+                clean = [(previous, np.zeros(0), step_used)]
+            clean.append((out.state, np.nan_to_num(info.change), step_used))
+            if len(clean) > _EXTRAPOLATION_WINDOW:
+                jump = _extrapolate(graph, prior, clean)
+                clean = clean[1:]  # no slow mode yet: look again after the next sweep
+                if jump is not None:
+                    clean = []
+                    extrapolated = (out.state, distance)
+                    out.state = jump
+                    out.events["extrapolations"] += 1
+        else:
+            clean = []
         if rejected and out.limit_step <= MIN_AUTO_DAMPING:
             # rejected at the smallest step: more sweeps from here only repeat it (each
             # costs a full sweep of tilted moments), so the caller may start afresh
             break
     out.step = step
     return out
+
+
+def _extrapolate(graph, prior, clean: list) -> EPState | None:
+    """The fixed point of a slow linear mode, or None where there is none.
+
+    ``clean`` holds (state, change, step) of the start and of consecutive sweeps. If the
+    changes u_j satisfy u_{j+k} + c_{k-1} u_{j+k-1} + ... + c_0 u_j = 0 (k = 1 or 2), so
+    do the errors x_j - x*, and x* = (x_{m} + c_{k-1} x_{m-1} + ... + c_0 x_{m-k}) / p(1)
+    with p(z) = z^k + c_{k-1} z^(k-1) + ... + c_0 (minimal polynomial extrapolation).
+    The coefficients are fitted on the changes (in posterior sds, so every latent
+    counts alike); the extrapolation is applied to the sites.
+    """
+    u = np.array([ch for _, ch, _ in clean[1:]])  # (sweeps, coordinates)
+    m = len(u)
+    for k in (1, 2):
+        A = np.stack([u[j : m - k + j] for j in range(k)], axis=-1).reshape(-1, k)
+        b = -u[k:].reshape(-1)
+        if not np.any(b):
+            return None
+        c, *_ = np.linalg.lstsq(A, b, rcond=None)
+        if np.linalg.norm(A @ c - b) > _RECURRENCE_RESIDUAL * np.linalg.norm(b):
+            continue
+        roots = np.roots(np.concatenate([[1.0], c[::-1]]))
+        if not _SLOW_MODULUS[0] < np.abs(roots).max() < _SLOW_MODULUS[1]:
+            return None
+        weights = np.concatenate([c, [1.0]]) / (1.0 + c.sum())  # of x_{m-k}, ..., x_m
+        return engine.combine(graph, prior, [x for x, _, _ in clean[-k - 1 :]], weights)
+    return None
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
