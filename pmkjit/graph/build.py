@@ -68,7 +68,7 @@ from pmkjit.graph.pytensor_tools import (
     lift_indexing,
     parameter_checks_to_ninf,
 )
-from pmkjit.links import half_erfc
+from pmkjit.links import cloglog_inverse, half_erfc
 
 try:  # private in PyMC 5 (the singledispatch behind every distribution's default transform)
     from pymc.distributions.transforms import _default_transform
@@ -2280,7 +2280,9 @@ def _recognise_link(g: Variable, inputs: list) -> object:
 
     ``sigmoid(u)`` -> ``scipy.special.expit``, ``exp(u)`` -> ``numpy.exp`` and
     ``0.5 * erfc(u)`` (``pm.math.invprobit`` once its ``-1/sqrt(2)`` is folded into the
-    linear predictor) -> :func:`pmkjit.links.half_erfc`; quadrature then evaluates the
+    linear predictor) -> :func:`pmkjit.links.half_erfc`, ``1 - exp(-exp(u))`` and
+    ``-expm1(-exp(u))`` (complementary log-log) -> :func:`pmkjit.links.cloglog_inverse`;
+    quadrature then evaluates the
     output's logit or log stably (:mod:`pmkjit.links`).
     """
     from scipy import special
@@ -2301,7 +2303,50 @@ def _recognise_link(g: Variable, inputs: list) -> object:
                     continue
                 if value == 0.5:
                     return half_erfc
+    if _is_cloglog_inverse(g, inputs[0]):
+        return cloglog_inverse
     return None
+
+
+def _scalar_op_name(v: Variable) -> str | None:
+    """The scalar op's class name of an elementwise ``v`` (``"Exp"``, ``"Neg"``), else None."""
+    if v.owner is None or not isinstance(v.owner.op, Elemwise):
+        return None
+    return type(v.owner.op.scalar_op).__name__
+
+
+def _is_constant(v: Variable, value: float) -> bool:
+    try:
+        return float(pt.get_underlying_scalar_constant_value(v)) == value
+    except NotScalarConstantError:
+        return False
+
+
+def _is_neg_exp_of(v: Variable, u: Variable) -> bool:
+    """``v`` is ``-exp(u)`` (``Neg`` or a product with -1)."""
+    name = _scalar_op_name(v)
+    if name == "Neg":
+        inner = v.owner.inputs[0]
+    elif name == "Mul" and len(v.owner.inputs) == 2:
+        a, b = v.owner.inputs
+        inner = b if _is_constant(a, -1.0) else a if _is_constant(b, -1.0) else None
+        if inner is None:
+            return False
+    else:
+        return False
+    return _scalar_op_name(inner) == "Exp" and inner.owner.inputs[0] is u
+
+
+def _is_cloglog_inverse(g: Variable, u: Variable) -> bool:
+    """``g`` is ``1 - exp(-exp(u))`` or ``-expm1(-exp(u))`` (the complementary log-log link)."""
+    name = _scalar_op_name(g)
+    if name == "Sub":
+        one, e = g.owner.inputs
+        return _is_constant(one, 1.0) and _scalar_op_name(e) == "Exp" and _is_neg_exp_of(e.owner.inputs[0], u)
+    if name == "Neg":
+        e = g.owner.inputs[0]
+        return _scalar_op_name(e) == "Expm1" and _is_neg_exp_of(e.owner.inputs[0], u)
+    return False
 
 
 def _describe(g: Variable) -> str:
