@@ -2134,3 +2134,21 @@ def test_a_banana_shaped_likelihood_of_two_latents_is_warned_about_with_its_sd_r
     assert exact_rho < -0.6 and ep_r_nu < 0.7  # the independent reference: EP too narrow
     assert abs(rho - exact_rho) < 0.05
     assert abs(r_nu - ep_r_nu) < 0.05 and abs(r_s - ep_r_s) < 0.05
+
+
+@pytest.mark.parametrize("kind", ["ar", "grw"])
+def test_an_observed_autoregression_or_random_walk_is_refused_with_its_elementwise_form(kind):
+    """An observed ``pm.AR`` or ``pm.GaussianRandomWalk`` was refused with "write it
+    elementwise" alone (robustness round 17); the message now names the variable and spells
+    out the elementwise Normal that EP fits."""
+    y = np.cumsum(np.random.default_rng(1).normal(size=30))
+    with pm.Model() as model:
+        s = pm.HalfNormal("s", 1)
+        if kind == "ar":
+            pm.AR("y", rho=[pm.Normal("rho", 0, 0.5)], sigma=s, init_dist=pm.Normal.dist(0, 1), observed=y)
+            expected = r'^y: multivariate likelihood pm\.AR .*pm\.Normal\("y", rho \* y\[:-1\], sigma, observed=y\[1:\]\)'
+        else:
+            pm.GaussianRandomWalk("y", sigma=s, init_dist=pm.Normal.dist(0, 1), observed=y)
+            expected = r'^y: multivariate likelihood .*pm\.Normal\("y_diff", mu, sigma, observed=np\.diff\(y\)\)'
+    with pytest.raises(UnsupportedModelError, match=expected):
+        pmkjit.fit(model=model, progressbar=False, random_seed=1)

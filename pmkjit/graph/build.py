@@ -646,6 +646,7 @@ class _Builder:
             dist = op if partial is None else partial[0].owner.op
             raise UnsupportedModelError(
                 f"{rv.name}: multivariate likelihood {_distribution_label(dist)} is not supported; write it elementwise"
+                + _ELEMENTWISE_HINTS.get(type(dist).__name__, "").format(name=rv.name)
             )
         if partial is None:
             self._likelihood_entries(rv, y, None)
@@ -2273,6 +2274,26 @@ def _rebuilt(rv: Variable, flat_params: list) -> Variable:
         f"{rv.name}: distribution {type(op).__name__} cannot be rebuilt for batched evaluation "
         "(supported: elementwise PyMC distributions, pm.CustomDist with dist=..., pm.Simulator)"
     )
+
+
+# how to write the commonest multivariate likelihoods elementwise (robustness round 17: an
+# observed pm.AR or pm.GaussianRandomWalk was refused with "write it elementwise" alone,
+# though each is a Normal of every value given the ones before it, which EP fits exactly
+# with a constant scale and semi-analytically with a latent one)
+_ELEMENTWISE_HINTS = {
+    "AutoRegressiveRV": (
+        ": an AR(p) series is a Normal of each value given the p before it, e.g. for AR(1) "
+        "pm.Normal(\"{name}\", rho * y[:-1], sigma, observed=y[1:]) (add the constant c + ... if "
+        "constant=True, and the first values' init_dist as its own observation if it matters)"
+    ),
+    "RandomWalkRV": (
+        ": a random walk observed is its increments, for a GaussianRandomWalk "
+        "pm.Normal(\"{name}_diff\", mu, sigma, observed=np.diff(y)) (pm.RandomWalk: its innovation "
+        "distribution; and the first value's init_dist as "
+        "pm.Normal(\"{name}_0\", ..., observed=y[0])); a latent pm.GaussianRandomWalk read by a likelihood "
+        "is supported"
+    ),
+}
 
 
 def _recognise_link(g: Variable, inputs: list) -> object:
