@@ -68,7 +68,7 @@ from pmkjit.graph.pytensor_tools import (
     lift_indexing,
     parameter_checks_to_ninf,
 )
-from pmkjit.links import half_erfc
+from pmkjit.links import cloglog_inverse, half_erfc
 
 try:  # private in PyMC 5 (the singledispatch behind every distribution's default transform)
     from pymc.distributions.transforms import _default_transform
@@ -646,6 +646,7 @@ class _Builder:
             dist = op if partial is None else partial[0].owner.op
             raise UnsupportedModelError(
                 f"{rv.name}: multivariate likelihood {_distribution_label(dist)} is not supported; write it elementwise"
+                + _ELEMENTWISE_HINTS.get(type(dist).__name__, "").format(name=rv.name)
             )
         if partial is None:
             self._likelihood_entries(rv, y, None)
@@ -2275,12 +2276,34 @@ def _rebuilt(rv: Variable, flat_params: list) -> Variable:
     )
 
 
+# how to write the commonest multivariate likelihoods elementwise (robustness round 17: an
+# observed pm.AR or pm.GaussianRandomWalk was refused with "write it elementwise" alone,
+# though each is a Normal of every value given the ones before it, which EP fits exactly
+# with a constant scale and semi-analytically with a latent one)
+_ELEMENTWISE_HINTS = {
+    "AutoRegressiveRV": (
+        ": an AR(p) series is a Normal of each value given the p before it, e.g. for AR(1) "
+        "pm.Normal(\"{name}\", rho * y[:-1], sigma, observed=y[1:]) (add the constant c + ... if "
+        "constant=True, and the first values' init_dist as its own observation if it matters)"
+    ),
+    "RandomWalkRV": (
+        ": a random walk observed is its increments, for a GaussianRandomWalk "
+        "pm.Normal(\"{name}_diff\", mu, sigma, observed=np.diff(y)) (pm.RandomWalk: its innovation "
+        "distribution; and the first value's init_dist as "
+        "pm.Normal(\"{name}_0\", ..., observed=y[0])); a latent pm.GaussianRandomWalk read by a likelihood "
+        "is supported"
+    ),
+}
+
+
 def _recognise_link(g: Variable, inputs: list) -> object:
     """The numpy form of ``g`` when it is a known link of its one input, else None.
 
     ``sigmoid(u)`` -> ``scipy.special.expit``, ``exp(u)`` -> ``numpy.exp`` and
     ``0.5 * erfc(u)`` (``pm.math.invprobit`` once its ``-1/sqrt(2)`` is folded into the
-    linear predictor) -> :func:`pmkjit.links.half_erfc`; quadrature then evaluates the
+    linear predictor) -> :func:`pmkjit.links.half_erfc`, ``1 - exp(-exp(u))`` and
+    ``-expm1(-exp(u))`` (complementary log-log) -> :func:`pmkjit.links.cloglog_inverse`;
+    quadrature then evaluates the
     output's logit or log stably (:mod:`pmkjit.links`).
     """
     from scipy import special
@@ -2301,7 +2324,50 @@ def _recognise_link(g: Variable, inputs: list) -> object:
                     continue
                 if value == 0.5:
                     return half_erfc
+    if _is_cloglog_inverse(g, inputs[0]):
+        return cloglog_inverse
     return None
+
+
+def _scalar_op_name(v: Variable) -> str | None:
+    """The scalar op's class name of an elementwise ``v`` (``"Exp"``, ``"Neg"``), else None."""
+    if v.owner is None or not isinstance(v.owner.op, Elemwise):
+        return None
+    return type(v.owner.op.scalar_op).__name__
+
+
+def _is_constant(v: Variable, value: float) -> bool:
+    try:
+        return float(pt.get_underlying_scalar_constant_value(v)) == value
+    except NotScalarConstantError:
+        return False
+
+
+def _is_neg_exp_of(v: Variable, u: Variable) -> bool:
+    """``v`` is ``-exp(u)`` (``Neg`` or a product with -1)."""
+    name = _scalar_op_name(v)
+    if name == "Neg":
+        inner = v.owner.inputs[0]
+    elif name == "Mul" and len(v.owner.inputs) == 2:
+        a, b = v.owner.inputs
+        inner = b if _is_constant(a, -1.0) else a if _is_constant(b, -1.0) else None
+        if inner is None:
+            return False
+    else:
+        return False
+    return _scalar_op_name(inner) == "Exp" and inner.owner.inputs[0] is u
+
+
+def _is_cloglog_inverse(g: Variable, u: Variable) -> bool:
+    """``g`` is ``1 - exp(-exp(u))`` or ``-expm1(-exp(u))`` (the complementary log-log link)."""
+    name = _scalar_op_name(g)
+    if name == "Sub":
+        one, e = g.owner.inputs
+        return _is_constant(one, 1.0) and _scalar_op_name(e) == "Exp" and _is_neg_exp_of(e.owner.inputs[0], u)
+    if name == "Neg":
+        e = g.owner.inputs[0]
+        return _scalar_op_name(e) == "Expm1" and _is_neg_exp_of(e.owner.inputs[0], u)
+    return False
 
 
 def _describe(g: Variable) -> str:

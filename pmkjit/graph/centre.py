@@ -23,6 +23,7 @@ import pytensor.tensor as pt
 from pymc.model.fgraph import (
     ModelDeterministic,
     ModelFreeRV,
+    ModelVar,
     fgraph_from_model,
     model_deterministic,
     model_free_rv,
@@ -48,9 +49,32 @@ def _free_rvs(var, model_vars) -> set:
     return {v for v in ancestors([var]) if v in model_vars}
 
 
-def _users(fg, var) -> list:
-    """Apply nodes reading ``var`` (not the graph's output markers)."""
-    return [c for c, _ in fg.clients[var] if not isinstance(c.op, Output)]
+def _users(fg, var, ignore=()) -> list:
+    """Apply nodes reading ``var`` (not the graph's output markers, nor the nodes in ``ignore``)."""
+    return [c for c, _ in fg.clients[var] if not isinstance(c.op, Output) and c not in ignore]
+
+
+def _only_deterministics(fg, node) -> bool:
+    """Whether everything computed from ``node`` ends in ``pm.Deterministic``s only.
+
+    Such a read of ``z`` (``pm.Deterministic("u", mu + sd * z)`` beside ``mu + sd * z[g]``
+    in the likelihood) is no use in the model's density: after the rewrite it reads ``z``'s
+    deterministic ``(a - loc) / scale`` of the draws instead. Robustness round 17: such a
+    read kept the effect from being centred, and EP fitted ``mu + sd * z[g]`` as written
+    (N = 60 in 5 groups under a logistic link: ``mu`` with 0.53 of NUTS's sd, ``sd`` 0.36 sd
+    off, 44 sweeps, no warning).
+    """
+    stack, seen = list(node.outputs), set()
+    while stack:
+        v = stack.pop()
+        for c, _ in fg.clients[v]:
+            if isinstance(c.op, Output) or c in seen:
+                continue
+            seen.add(c)
+            if isinstance(c.op, ModelVar) and not isinstance(c.op, ModelDeterministic):
+                return False  # a random variable's, an observation's or a potential's graph reads it
+            stack.extend(c.outputs)
+    return True
 
 
 def _constant_index(node) -> bool:
@@ -78,14 +102,14 @@ def _is_elemwise(node, scalar_op) -> bool:
 HIDDEN_PREFIX = "__pmkjit_centred_"  # the centred latent of an effect the user did not name
 
 
-def _scale_and_effect(fg, zv, x, model_outputs, scalar: bool):
+def _scale_and_effect(fg, zv, x, model_outputs, scalar: bool, ignore=()):
     """``(scale, loc, effect)`` for ``effect = loc + scale * x`` (``loc`` optional), else ``None``.
 
     ``x`` is ``z`` or ``z[index]``; ``scale`` must depend on positive (log-transformed)
     latents and not on ``z``, ``loc`` not on ``z``; with ``scalar`` both must be scalars
-    (the same for every element of ``x``).
+    (the same for every element of ``x``). ``ignore``: reads of ``x`` for ``pm.Deterministic``s only.
     """
-    users = _users(fg, x)
+    users = _users(fg, x, ignore)
     if len(users) != 1 or not _is_elemwise(users[0], Mul):
         return None
     mul = users[0]
@@ -211,6 +235,8 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         if _free_rvs(m0, model_outputs) or _free_rvs(s0, model_outputs):
             continue
         users = _users(fg, zv)
+        reporting = [u for u in users if _only_deterministics(fg, u)]  # reads of z for pm.Deterministics only
+        users = [u for u in users if u not in reporting]
         if len(users) != 1:
             continue
         index = users[0] if users[0].inputs[0] is zv and _constant_index(users[0]) else None
@@ -221,7 +247,7 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
             scale, loc, effect = found
             name, dims, det = HIDDEN_PREFIX + zv.name, z_dims, None
         else:  # (loc + scale * z)[group]
-            found = _scale_and_effect(fg, zv, zv, model_outputs, scalar=False)
+            found = _scale_and_effect(fg, zv, zv, model_outputs, scalar=False, ignore=reporting)
             if found is None:
                 continue
             scale, loc, effect = found
@@ -270,6 +296,10 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
         # the effect becomes the centred latent (indexed like z was, in the second form)
         replacement = centred if index is None else index.op(centred, *index.inputs[1:])
         fg.replace_all([(effect, replacement)], import_missing=True)
+        for node in reporting:  # pm.Deterministics of z read its deterministic of the draws
+            for i, inp in enumerate(node.inputs):
+                if inp is zv:
+                    fg.change_node_input(node, i, z_det, import_missing=True)
         drop_outputs(fg, {zv} | ({det.outputs[0]} if det is not None and factor == 1.0 else set()))
         fg.add_output(a_free, import_missing=True)
         fg.add_output(z_det, import_missing=True)
