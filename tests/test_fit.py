@@ -15,6 +15,7 @@ from pmkjit.ep import engine
 from pmkjit.ep.store import OperatorStore
 from pmkjit.errors import OperatorFileError, UnsupportedModelError
 from pmkjit.graph import build_factor_graph
+from pmkjit.operators import KJITOperator
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::RuntimeWarning")
 
@@ -573,3 +574,26 @@ def test_single_instance_factor_keeps_its_key_and_accumulates_answers_across_fit
     pending.write_bytes(b"not an npz file")
     with pytest.raises(OperatorFileError, match=pending.name):
         pmkjit.fit(model=models[1], **kw)
+
+
+def test_two_factors_of_one_form_share_one_operator_in_the_store(tmp_path):
+    # each learned its own operator and only the later one was written back: the saved
+    # operator's oracle calls were the second likelihood's alone (152 and 167 in the review)
+    rng = np.random.default_rng(3)
+    X1, X2 = rng.normal(size=(120, 3)), rng.normal(2.0, 1.0, size=(120, 3))
+    w_true = np.array([1.0, -0.5, 0.3])
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 1.0, shape=3)
+        pm.Bernoulli("y1", logit_p=pm.math.dot(X1, w), observed=rng.binomial(1, 1 / (1 + np.exp(-X1 @ w_true))))
+        pm.Bernoulli("y2", logit_p=pm.math.dot(X2, w), observed=rng.binomial(1, 1 / (1 + np.exp(-X2 @ w_true))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pmkjit.EPNotConvergedWarning)
+        idata = pmkjit.fit(model=model, operators=tmp_path, random_seed=0, progressbar=False, draws=50,
+                           max_sweeps=8, compute_log_likelihood=False)
+    files = sorted(p.name for p in tmp_path.glob("*.npz"))
+    assert len(files) == 1, files
+    calls = idata.ep["oracle_calls"].values
+    assert calls.size == 2 and np.all(calls > 0)
+    saved = KJITOperator.load(tmp_path / files[0])
+    # the one file holds what both factors taught it
+    assert saved.n_oracle_calls == calls.sum()
