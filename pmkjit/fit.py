@@ -23,7 +23,7 @@ from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine, schedule
 from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
-from pmkjit.ep.methods import FactorOracle, KJITMethod, grid_possible, quadrature_possible
+from pmkjit.ep.methods import FactorOracle, KJITMethod, concatenate_answers, grid_possible, quadrature_possible
 from pmkjit.ep.joint import JointQuadrature
 from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.truncation import PositiveMethod
@@ -627,9 +627,7 @@ def _write_back(store: OperatorStore, graph, kjits: list) -> None:
             continue
         answers = [a for a in (k.pending_answers() for _, k in group) if a is not None]
         if answers:  # too few to fit on yet: keep for the next fit, every factor's
-            msgs = tuple(type(p[0]).concatenate(p) for p in zip(*(m for m, _ in answers)))
-            bels = tuple(type(p[0]).concatenate(p) for p in zip(*(b for _, b in answers)))
-            store.save_pending(f, msgs, bels)
+            store.save_pending(f, *concatenate_answers(answers))
 
 
 _SHARED_INSTANCES = 10

@@ -823,11 +823,17 @@ def test_auto_damping_converges_on_crossed_random_effects():
         assert abs(np.sqrt(post[name].var()[0]) / sd - 1) < 0.3, name  # sv: EP's Gamma is 1.2x wider
 
 
-def _grouped_normal(non_centred: bool, z_read_twice: bool = False, deterministic: bool = True):
-    """N = 120 observations in 6 groups; the group effect written non-centred or centred."""
+def _grouped_data() -> tuple[np.ndarray, np.ndarray]:
+    """Group index and observations: N = 120 in 6 groups, group effects N(0, 1), noise sd 0.7."""
     rng = np.random.default_rng(42)
     g = rng.integers(0, 6, 120)
     y = 1.0 + rng.normal(0.0, 1.0, 6)[g] + rng.normal(0.0, 0.7, 120)
+    return g, y
+
+
+def _grouped_normal(non_centred: bool, z_read_twice: bool = False, deterministic: bool = True):
+    """N = 120 observations in 6 groups; the group effect written non-centred or centred."""
+    g, y = _grouped_data()
     with pm.Model(coords={"group": list("abcdef")}) as model:
         mu = pm.Normal("mu", 0.0, 5.0)
         tau = pm.HalfNormal("tau", 2.0)
@@ -986,9 +992,7 @@ def test_a_non_centred_effect_without_a_name_is_centred_and_left_out_of_the_post
     # (mu + tau * z)[g] and mu + tau * z[g] without a pm.Deterministic were fitted as written
     # (sds of mu and tau 0.07 and 0.04 for exact 0.44 and 0.41) and warned about. They are
     # centred under a hidden name; z's draws, given tau, match its posterior.
-    rng = np.random.default_rng(42)
-    g = rng.integers(0, 6, 120)
-    y = 1.0 + rng.normal(0.0, 1.0, 6)[g] + rng.normal(0.0, 0.7, 120)
+    g, y = _grouped_data()
     with pm.Model(coords={"group": list("abcdef")}) as model:
         mu = pm.Normal("mu", 0.0, 5.0)
         tau = pm.HalfNormal("tau", 2.0)
@@ -2162,9 +2166,7 @@ def test_a_non_centred_effect_also_read_by_a_deterministic_is_centred(form):
     (robustness round 17: N = 60 in 5 groups under a logistic link, ``mu`` with 0.53 of NUTS's
     sd, ``sd`` 0.36 sd off). A read for Deterministics only now reads ``z``'s deterministic
     of the draws. Against the exact grid posterior of ``mu`` and ``tau``."""
-    rng = np.random.default_rng(42)
-    g = rng.integers(0, 6, 120)
-    y = 1.0 + rng.normal(0.0, 1.0, 6)[g] + rng.normal(0.0, 0.7, 120)
+    g, y = _grouped_data()
     with pm.Model(coords={"group": list("abcdef")}) as model:
         mu = pm.Normal("mu", 0.0, 5.0)
         tau = pm.HalfNormal("tau", 2.0)

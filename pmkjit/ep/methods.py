@@ -22,7 +22,7 @@ from pmkjit.operators import ImportanceSamplingOracle, KJITOperator, QuadratureO
 from pmkjit.operators.grid import GRID_NODES, GridOracle
 from pmkjit.operators.kjit import default_feature_sizes
 
-__all__ = ["FactorOracle", "KJITMethod", "Answer", "quadrature_possible", "grid_possible"]
+__all__ = ["FactorOracle", "KJITMethod", "Answer", "quadrature_possible", "grid_possible", "concatenate_answers"]
 
 
 class Answer(NamedTuple):
@@ -267,9 +267,7 @@ class KJITMethod:
 
     def _collected(self) -> tuple[tuple, tuple]:
         """The answers in ``_seen`` as one batch per variable: (messages, beliefs)."""
-        msgs = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(m for m, _ in self._seen)))
-        bels = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(b for _, b in self._seen)))
-        return msgs, bels
+        return concatenate_answers(self._seen)
 
     def _ask_distinct(self, first: tuple) -> Answer:
         """The oracle's answers for ``first``, asking once per input tuple not answered before."""
@@ -345,6 +343,13 @@ class KJITMethod:
         variance[rest], asked[rest] = tail.variance, tail.asked
         return Answer(tuple(beliefs), accepted, variance, asked)
 
+
+
+def concatenate_answers(batches: Sequence[tuple[tuple, tuple]]) -> tuple[tuple, tuple]:
+    """Several (messages, beliefs) batches of one factor as one: each variable's batches joined."""
+    msgs = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(m for m, _ in batches)))
+    bels = tuple(type(parts[0]).concatenate(parts) for parts in zip(*(b for _, b in batches)))
+    return msgs, bels
 
 
 def _input_keys(messages: tuple) -> list[bytes]:
