@@ -25,6 +25,7 @@ from pmkjit.ep import engine, schedule
 from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
 from pmkjit.ep.methods import FactorOracle, KJITMethod, concatenate_answers, grid_possible, quadrature_possible
 from pmkjit.ep.joint import JointQuadrature
+from pmkjit.ep.mixture import NormalMixtureMethod
 from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.truncation import PositiveMethod
 from pmkjit.ep.engine import EPInfo
@@ -540,6 +541,13 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             methods.append(semi)
             kjits.append(None)
             oracles.append(_NoOracle("exact" if f.analytic == "positive" else "semi-analytic"))
+            continue
+        if f.mixture is not None:
+            # a mixture of Normals: exact up to one 1-D integral per latent scale, for any
+            # method (as the Normal factors with a latent scale above)
+            methods.append(NormalMixtureMethod(f))
+            kjits.append(None)
+            oracles.append(_NoOracle("semi-analytic"))
             continue
         if f.joint:
             # class predictors with one joint site: a grid in the joint cavity, no operator

@@ -58,6 +58,7 @@ from pmkjit.graph.factor_graph import (
     LatentVariable,
     LinearSlot,
 )
+from pmkjit.graph.mixture import normal_mixture_spec
 from pmkjit.graph.observed import observed_as_data
 from pmkjit.graph.predictive import predictive_only
 from pmkjit.graph.pytensor_tools import (
@@ -1456,11 +1457,18 @@ class _Builder:
             ))
             return
         desc = f"{rv.name}: {'likelihood' if kind == 'likelihood' else 'prior'} {opname[:-2] or opname}"
+        mixture = None
+        if kind == "likelihood" and make_dist is None and make_logp is None and isinstance(op, MixtureRV):
+            components = _mixture_parts(rv)[1]
+            if all(c.owner is not None and type(c.owner.op).__name__ == "NormalRV" for c in components):
+                mixture = normal_mixture_spec(inputs, slots, flat_params, len(components), compile_function)
+                if mixture is not None:
+                    desc += " (semi-analytic mixture of Normals)"
         fam = output.family if output is not None else None
         self.graph.factors.append(BlackBoxFactor(
             name=rv.name, kind=kind, inputs=slots, sampler=sampler, logp=logp, density_source=source,
             key=f"{kind}-{fam.name if fam else 'obs'}-{key_graph}", description=desc, output=output,
-            output_family=fam, observed=observed, size=B, point_masses=_has_point_masses(rv),
+            output_family=fam, observed=observed, size=B, point_masses=_has_point_masses(rv), mixture=mixture,
         ))
 
     def _check_sizes(self, name: str, slots, B: int) -> None:

@@ -173,6 +173,11 @@ class BlackBoxFactor:
         must: its precision matrix is spread over the inputs' own slots (the diagonal
         less the off-diagonal sums) and one slot ``eta_i + eta_j`` per pair ``i < j``
         (the off-diagonal entries), so the posterior is assembled as for any slot.
+    mixture : NormalMixtureSpec, optional
+        For a likelihood that is a mixture of Normals whose weights are products of Beta
+        latents' powers (:mod:`pmkjit.graph.mixture`): which inputs are each component's
+        mean, scale and weight, for the semi-analytic tilted moments of
+        :class:`pmkjit.ep.mixture.NormalMixtureMethod`.
     key : str
         Identifies the factor's form (graph and families, not names or data), so a
         learned operator can be reused by another model with the same factor.
@@ -197,6 +202,7 @@ class BlackBoxFactor:
     from_prior: bool = False
     point_masses: bool = False
     pair_slots: list = field(default_factory=list)
+    mixture: object = None
 
     @property
     def joint(self) -> bool:

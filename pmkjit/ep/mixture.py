@@ -1,0 +1,159 @@
+"""Semi-analytic tilted moments of a mixture-of-Normals likelihood (EP's clutter problem).
+
+For ``y ~ sum_k w_k Normal(mu_k, sigma_k)`` with Gaussian cavities ``N(mu_k; m_k, v_k)`` on
+the means, Beta cavities on the sticks the weights are made of
+(``w_k = c_k prod_j v_j^a_kj (1 - v_j)^b_kj``) and Gamma cavities on latent scales, the
+tilted law is a sum of K terms, each a product of conjugate pieces:
+
+    Z_k = E[w_k] integral N(y; m_k, v_k + sigma_k^2) q(sigma_k) d sigma_k,
+    E[w_k] = c_k prod_j B(alpha_j + a_kj, beta_j + b_kj) / B(alpha_j, beta_j).
+
+Under term k the mean ``mu_k`` has the Normal conditional of the Normal-with-a-latent-scale
+factor (:mod:`pmkjit.ep.normal_scale`), ``sigma_k`` that factor's one-dimensional
+posterior (trapezoid rule in ``log sigma``, none for a constant scale), each stick
+``Beta(alpha_j + a_kj, beta_j + b_kj)``, and every input the term does not read keeps its
+cavity. The tilted moments are the mixture of the terms' moments with weights
+``Z_k / sum Z``: exact up to the one-dimensional rule, for any number of observations,
+components and cavity widths. The Gauss-Hermite grid (four latents and more) refused a
+third of a broad first sweep's entries here (the tilted law is multimodal) and importance
+sampling answered them: 146 s for N = 500 where NUTS takes 12 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import special
+
+from pmkjit.ep.methods import Answer
+from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
+from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, LinearSlot
+from pmkjit.graph.mixture import REFERENCE_STICK, NormalMixtureSpec
+from pmkjit.operators.oracle import project_beliefs
+
+__all__ = ["NormalMixtureMethod"]
+
+_NODES = 401
+_HALF_WIDTH = 16.0  # cavity log-space standard deviations each side, as for one latent scale
+
+
+class NormalMixtureMethod:
+    """Tilted beliefs of a mixture-of-Normals likelihood's latent inputs.
+
+    Parameters
+    ----------
+    factor : BlackBoxFactor
+        A likelihood factor with a :class:`~pmkjit.graph.mixture.NormalMixtureSpec`.
+    """
+
+    def __init__(self, factor: BlackBoxFactor):
+        if factor.mixture is None:
+            raise ValueError(f"{factor.name}: not a mixture of Normals with a semi-analytic form")
+        self.factor = factor
+        self.spec: NormalMixtureSpec = factor.mixture
+        self.n_calls = 0
+
+    def __call__(self, messages: Sequence[ExponentialFamily]) -> Answer:
+        f, spec = self.factor, self.spec
+        K = spec.n_components
+        B = len(messages[0])
+        self.n_calls += B
+        y = np.asarray(messages[-1].value, dtype=float)
+        with np.errstate(all="ignore"):
+            # parameters that read no latent (constant means, scales, weight factors) from
+            # the factor's own graphs, the latents at reference values
+            ref = []
+            for i, s in enumerate(f.inputs):
+                if isinstance(s, DataSlot):
+                    ref.append(np.asarray(messages[i].value, dtype=float))
+                elif isinstance(s, LinearSlot):
+                    ref.append(np.zeros(B))
+                else:
+                    ref.append(np.full(B, REFERENCE_STICK if s.family is Beta else 1.0))
+            params = [np.broadcast_to(np.asarray(v, dtype=float), (B,)) for v in spec.params(*ref)]
+
+            # stick cavities and each term's log E[w_k]
+            sticks = [(messages[i].alpha, messages[i].beta) for i in spec.stick_inputs]
+            log_w = np.empty((K, B))
+            for k in range(K):
+                e = spec.exponents[k]
+                log_w[k] = np.log(params[k]) - np.sum(e) * np.log(REFERENCE_STICK)
+                for (a, b), (ea, eb) in zip(sticks, e):
+                    if ea or eb:
+                        log_w[k] += special.betaln(a + ea, b + eb) - special.betaln(a, b)
+
+            # scale nodes, one set per latent scale input, in log s
+            nodes = {}
+            for i in {i for i in spec.scale_input if i is not None}:
+                q = messages[i]
+                mu_u, var_u = q.unconstrained_moments()
+                u = mu_u[:, None] + np.sqrt(var_u)[:, None] * np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
+                log_q = q.logpdf_unconstrained(u)
+                nodes[i] = (u, log_q - special.logsumexp(log_q, axis=1, keepdims=True))
+
+            # each term: log Z_k and the moments of the inputs it reads
+            log_z = np.empty((K, B))
+            term_mean, term_scale = [], []
+            for k in range(K):
+                i_mu, i_s = spec.mean_input[k], spec.scale_input[k]
+                if i_mu is None:
+                    m, v = params[K + 2 * k], np.zeros(B)
+                else:
+                    m, v = messages[i_mu].mean(), messages[i_mu].var()
+                m, v = m[:, None], v[:, None]
+                if i_s is None:
+                    noise = (params[K + 2 * k + 1] ** 2)[:, None]
+                    log_prior = np.zeros((B, 1))
+                else:
+                    u, log_prior = nodes[i_s]
+                    # sigma = c s or c s^-1/2, c the scale parameter with s at 1 (reference)
+                    c2 = (params[K + 2 * k + 1] ** 2)[:, None]
+                    noise = c2 * (np.exp(2 * u) if spec.scale_link[k] == "scale" else np.exp(-u))
+                total = v + noise
+                log_lik = -0.5 * np.log(2 * np.pi * total) - 0.5 * (y[:, None] - m) ** 2 / total
+                log_zs = special.logsumexp(log_prior + log_lik, axis=1)
+                log_z[k] = log_w[k] + log_zs
+                post = np.exp(log_prior + log_lik - log_zs[:, None])  # the term's law of the scale
+                cond_mean = m + v / total * (y[:, None] - m)
+                cond_var = v * noise / total
+                e_mu = np.sum(post * cond_mean, axis=1)
+                var_mu = np.sum(post * (cond_var + (cond_mean - e_mu[:, None]) ** 2), axis=1)
+                term_mean.append((e_mu, var_mu))
+                term_scale.append(None if i_s is None else (np.sum(post * u, axis=1), np.sum(post * np.exp(u), axis=1)))
+
+            log_norm = special.logsumexp(log_z, axis=0)
+            r = np.exp(log_z - log_norm)  # (K, B): each term's share of the tilted mass
+            ok = np.isfinite(log_norm) & np.all(np.isfinite(r), axis=0)
+
+            latent = f.latent_inputs
+            stats = np.full((len(latent), B, 3), np.nan)
+            for v_out, i in enumerate(latent):
+                q = messages[i]
+                if isinstance(q, Gaussian):
+                    means, variances = [], []
+                    for k in range(K):
+                        mean_k, var_k = term_mean[k] if spec.mean_input[k] == i else (q.mean(), q.var())
+                        means.append(mean_k)
+                        variances.append(var_k)
+                    means, variances = np.stack(means), np.stack(variances)
+                    e = np.sum(r * means, axis=0)
+                    stats[v_out, :, 0] = e
+                    stats[v_out, :, 2] = np.sum(r * (variances + (means - e) ** 2), axis=0)
+                    stats[v_out, :, 1] = stats[v_out, :, 2] + e**2
+                elif isinstance(q, Gamma):
+                    cavity = q.expected_sufficient_statistics()
+                    parts = [term_scale[k] if spec.scale_input[k] == i else (cavity[:, 0], cavity[:, 1])
+                             for k in range(K)]
+                    stats[v_out, :, 0] = np.sum(r * np.stack([p[0] for p in parts]), axis=0)
+                    stats[v_out, :, 1] = np.sum(r * np.stack([p[1] for p in parts]), axis=0)
+                else:  # a stick: each term's Beta is the cavity with its exponents added
+                    j = spec.stick_inputs.index(i)
+                    a = q.alpha[None, :] + spec.exponents[:, j, 0][:, None]
+                    b = q.beta[None, :] + spec.exponents[:, j, 1][:, None]
+                    ab = special.digamma(a + b)
+                    stats[v_out, :, 0] = np.sum(r * (special.digamma(a) - ab), axis=0)
+                    stats[v_out, :, 1] = np.sum(r * (special.digamma(b) - ab), axis=0)
+        families = [messages[i].__class__ for i in latent]
+        beliefs, ok = project_beliefs(families, stats, ok)
+        return Answer(beliefs, ok)
