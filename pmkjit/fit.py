@@ -1225,6 +1225,10 @@ def _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, ti
         "oracle_fallbacks": (("factor",), np.asarray([getattr(o, "n_fallback", 0) for o in oracles], dtype=int)),
         "kjit_predictions": (("factor",), np.asarray(
             [k.operator.n_predictions if k is not None else 0 for k in kjits], dtype=int)),
+        # calls in which the oracle's spot checks found the operator's trusted predictions
+        # wrong, and the oracle answered the whole batch (KJITMethod._spot_check)
+        "kjit_distrusted": (("factor",), np.asarray(
+            [k.n_distrusted if k is not None else 0 for k in kjits], dtype=int)),
         "factor_size": (("factor",), np.asarray([f.size for f in graph.factors], dtype=int)),
     }
     attrs = {
