@@ -2281,3 +2281,36 @@ def test_a_logistic_regression_with_a_positive_slope_is_a_density_of_two_latents
     logp = stats.norm.logpdf(ga, 0, 1.5) + stats.lognorm.logpdf(gb, 1.0) + (y[:, None, None] * eta
                                                                            - np.logaddexp(0, eta)).sum(0)
     assert_ep_matches_grid(idata, logp, {"a": ga, "b": gb}, mean_tol=0.1, sd_tol=0.1)
+
+
+def test_an_outer_product_of_latents_is_elementwise_also_under_a_mask():
+    """PyMC's piecewise-exponential survival model writes the hazards as
+    ``pt.outer(pm.math.exp(beta * x), lambda0)`` (a ``Dot`` of a column and a row) times an
+    exposure that is 0 after each subject's event or censoring, so the likelihood is split into
+    its entries with and without exposure (a boolean mask). Both were refused ("neither affine
+    ... nor elementwise", robustness round 18). With a constant column the interval rates are
+    conjugate: against their closed-form Gamma posteriors."""
+    import pytensor.tensor as pt
+
+    rng = np.random.default_rng(19)
+    n, K = 30, 4
+    col = rng.uniform(0.5, 2.0, n)
+    exposure = np.clip(rng.uniform(0, 8, n)[:, None] - 2.0 * np.arange(K), 0, 2.0)
+    y = rng.poisson(exposure * col[:, None] * 0.3)
+    with pm.Model() as model:
+        lam0 = pm.Gamma("lambda0", 2.0, 1.0, shape=K)
+        lam = pm.Deterministic("lambda_", pt.outer(pt.as_tensor(col), lam0))
+        pm.Poisson("obs", exposure * lam, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, compute_log_likelihood=False)
+    post = pmkjit.ep_posterior(idata)["lambda0"]
+    shape, rate = 2.0 + y.sum(0), 1.0 + (exposure * col[:, None]).sum(0)
+    np.testing.assert_allclose(post.mean(), shape / rate, rtol=1e-6)
+    np.testing.assert_allclose(post.var(), shape / rate**2, rtol=1e-6)
+    with pm.Model() as survival:
+        beta = pm.Normal("beta", 0, 1)
+        lam0 = pm.Gamma("lambda0", 2.0, 1.0, shape=K)
+        pm.Poisson("obs", exposure * pt.outer(pm.math.exp(beta * (col > 1)), lam0), observed=y)
+    graph = build_factor_graph(survival)
+    # the exposed entries, those with beta * x = 0 and those with beta * x = beta
+    assert sorted(f.size for f in graph.factors) == sorted([int(((exposure > 0) & (col[:, None] > 1)).sum()),
+                                                         int(((exposure > 0) & (col[:, None] <= 1)).sum())])

@@ -206,7 +206,10 @@ def lift_indexing(var: Variable) -> Variable:
     single one-dimensional index on the first axis is lifted (``x[idx]``), which keeps the
     result's shape, and a constant boolean mask of all of ``x``'s axes (``x[mask]``, the
     rows PyMC's imputation of missing observations selects from a likelihood's
-    parameters), as the integer index of the mask's flat positions into ``x`` raveled.
+    parameters), as the integer index of the mask's flat positions into ``x`` raveled
+    (through inputs that only broadcast a column or row against the mask, too). An outer
+    product ``pt.outer(x, y)`` (a ``Dot`` of a column and a row) becomes the elementwise
+    ``x[:, None] * y[None, :]`` on the way.
     A new graph is returned (the model's graph is not modified); ``var`` itself when there
     is nothing to lift.
     """
@@ -244,8 +247,22 @@ def lift_indexing(var: Variable) -> Variable:
             # a scalar: squeezed, it broadcasts against the selection (flattened to shape
             # (1,) it lost its broadcast flag once the affine probes vectorised the graph)
             return inp.squeeze()
+        while inp.owner is not None and isinstance(inp.owner.op, (ViewOp, SpecifyShape)):  # pm.Deterministic
+            inp = inp.owner.inputs[0]
         if inp.owner is not None and isinstance(inp.owner.op, Elemwise) and len(inp.owner.outputs) == 1:
             return inp.owner.op(*[part(i, idx, flat) for i in inp.owner.inputs])
+        inner = _expanded(inp)
+        if inner is not None and inp.ndim == len(flat):
+            # a column or row broadcast against the mask's shape (x[:, None] in an outer
+            # product): the selected entries read the elements at their coordinates along
+            # the axes it does not broadcast, an integer index into its input raveled, which
+            # lift() pushes further down (where it is elementwise in the latents)
+            coords = np.unravel_index(np.asarray(idx.data), flat)
+            shape = tuple(1 if b else n for b, n in zip(inp.type.broadcastable, flat))
+            own = np.ravel_multi_index(tuple(np.zeros_like(c) if b else c
+                                             for c, b in zip(coords, inp.type.broadcastable)), shape)
+            source = inner if inner.ndim == 1 else inner.flatten()
+            return source[pt.constant(own.astype(np.int64))]
         # broadcast to the mask's constant shape: x.shape would tie data to the latents'
         # shape graph, and latent_ancestors would then find latents in the data
         return pt.broadcast_to(inp, flat).flatten()[idx]
@@ -263,6 +280,11 @@ def lift_indexing(var: Variable) -> Variable:
                 out = x.owner.op(*[lift(p) for p in parts])
                 if isinstance(out, (list, tuple)):
                     out = out[x.owner.outputs.index(x)]
+            elif _outer_product(node):
+                # dot(x[:, None], y[None, :]) (pt.outer) is x[:, None] * y[None, :]: elementwise,
+                # which the model walk can read (the piecewise-exponential survival model of
+                # PyMC's gallery, lambda_ = pt.outer(exp(beta * x), lambda0), was refused)
+                out = lift(node.inputs[0]) * lift(node.inputs[1])
             else:
                 new = [lift(i) for i in node.inputs]
                 if any(a is not b for a, b in zip(new, node.inputs)):
@@ -271,3 +293,26 @@ def lift_indexing(var: Variable) -> Variable:
         return out
 
     return lift(var)
+
+
+def _outer_product(node) -> bool:
+    """Whether ``node`` is a matrix product of a column ``(n, 1)`` and a row ``(1, k)``."""
+    from pytensor.tensor.math import Dot
+
+    if not isinstance(node.op, Dot) or len(node.inputs) != 2:
+        return False
+    x, y = node.inputs
+    return x.ndim == 2 and y.ndim == 2 and x.type.broadcastable[1] and y.type.broadcastable[0]
+
+
+def _expanded(var: Variable) -> Variable | None:
+    """The input of ``var`` if ``var`` only inserts broadcastable axes into it (``x[:, None]``)."""
+    from pytensor.tensor.elemwise import DimShuffle
+
+    node = var.owner
+    if node is None or not isinstance(node.op, DimShuffle):
+        return None
+    kept = [d for d in node.op.new_order if d != "x"]
+    if kept != list(range(node.inputs[0].ndim)):
+        return None  # a transpose or a dropped axis
+    return node.inputs[0]
