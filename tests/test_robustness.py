@@ -2314,3 +2314,22 @@ def test_an_outer_product_of_latents_is_elementwise_also_under_a_mask():
     # the exposed entries, those with beta * x = 0 and those with beta * x = beta
     assert sorted(f.size for f in graph.factors) == sorted([int(((exposure > 0) & (col[:, None] > 1)).sum()),
                                                          int(((exposure > 0) & (col[:, None] <= 1)).sum())])
+
+
+def test_a_latent_whose_prior_reads_an_outer_product_stays_the_latent():
+    """Lifting indexing (and outer products) through a likelihood's parameters rebuilt every
+    node whose inputs changed, a latent's own random-variable node included where its prior's
+    parameters held an outer product: the likelihood then read a copy of the latent, here one
+    with constant parameters, took itself for a constant and was dropped, silently (found
+    with pm.gp.HSGP in robustness round 18). Against the closed-form posterior."""
+    import pytensor.tensor as pt
+
+    y = np.array([1.0, 2.0, 0.5, 1.5])
+    with pm.Model() as model:
+        b = pm.Normal("b", pt.outer(pt.ones(2), pt.as_tensor(np.array([0.5, 1.0]))), 1.0)
+        pm.Normal("y", b.ravel(), 0.5, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, compute_log_likelihood=False)
+    post = pmkjit.ep_posterior(idata)["b"]
+    prec = 1.0 + 1.0 / 0.25
+    np.testing.assert_allclose(post.mean(), (np.array([0.5, 1.0, 0.5, 1.0]) + y / 0.25) / prec, rtol=1e-8)
+    np.testing.assert_allclose(post.var(), np.full(4, 1.0 / prec), rtol=1e-8)

@@ -213,8 +213,10 @@ def lift_indexing(var: Variable) -> Variable:
     A new graph is returned (the model's graph is not modified); ``var`` itself when there
     is nothing to lift.
     """
+    from pymc.distributions.distribution import SymbolicRandomVariable
     from pytensor.compile.ops import ViewOp
     from pytensor.tensor.elemwise import Elemwise
+    from pytensor.tensor.random.op import RandomVariable
     from pytensor.tensor.shape import SpecifyShape
     from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
 
@@ -272,6 +274,11 @@ def lift_indexing(var: Variable) -> Variable:
             return memo[v]
         node = v.owner
         out = v
+        if node is not None and isinstance(node.op, (RandomVariable, SymbolicRandomVariable)):
+            # a random variable (a latent) is a leaf: rebuilt because its own parameters were
+            # rewritten (an outer product in pm.gp.HSGP's spectral density) it would be a
+            # copy of the latent, no longer read as the latent
+            node = None
         if node is not None:
             found = indexed(node)
             if found is not None:
