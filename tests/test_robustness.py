@@ -2333,3 +2333,32 @@ def test_a_latent_whose_prior_reads_an_outer_product_stays_the_latent():
     prec = 1.0 + 1.0 / 0.25
     np.testing.assert_allclose(post.mean(), (np.array([0.5, 1.0, 0.5, 1.0]) + y / 0.25) / prec, rtol=1e-8)
     np.testing.assert_allclose(post.var(), np.full(4, 1.0 / prec), rtol=1e-8)
+
+
+def test_an_hsgp_with_latent_hyperparameters_is_refused_with_what_to_write_instead():
+    """``pm.gp.HSGP`` with a latent length scale was refused "through DimShuffle (Dot, Subtensor,
+    Prod)", naming neither the HSGP nor a way out (robustness round 18). The refusal now says
+    to fix the hyperparameters, and with constant ones the HSGP is exact: against the
+    closed-form posterior of its coefficients."""
+    import pytensor
+
+    X = np.linspace(0, 10, 30)[:, None]
+    y = np.sin(X[:, 0]) + np.random.default_rng(0).normal(0, 0.3, 30)
+    with pm.Model() as latent:
+        ls = pm.Gamma("ls", 4, 2)
+        eta = pm.HalfNormal("eta", 1)
+        f = pm.gp.HSGP(m=[10], c=1.5, cov_func=eta**2 * pm.gp.cov.ExpQuad(1, ls)).prior("f", X=X)
+        pm.Normal("y", f, 0.3, observed=y)
+    with pytest.raises(UnsupportedModelError, match=r"^y: .*pm\.gp\.HSGP \(f_hsgp_coeffs\) with latent hyperparameters "
+                                                    r"\(ls, eta\).*fix ls, eta at constants"):
+        pmkjit.fit(model=latent, progressbar=False, random_seed=1)
+    with pm.Model() as fixed:
+        gp = pm.gp.HSGP(m=[10], c=1.5, cov_func=pm.gp.cov.ExpQuad(1, 1.6))
+        pm.Normal("y", gp.prior("f", X=X), 0.3, observed=y)
+        phi, sqrt_psd = pytensor.function([], gp.prior_linearized(X))()
+    idata = pmkjit.fit(model=fixed, random_seed=1, progressbar=False, draws=10, compute_log_likelihood=False)
+    B = phi * sqrt_psd
+    cov = np.linalg.inv(np.eye(B.shape[1]) + B.T @ B / 0.09)
+    post = pmkjit.ep_posterior(idata)["f_hsgp_coeffs"]
+    np.testing.assert_allclose(post.mean(), cov @ B.T @ y / 0.09, atol=1e-8)
+    np.testing.assert_allclose(post.var(), np.diag(cov), rtol=1e-8)
