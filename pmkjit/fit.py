@@ -320,7 +320,13 @@ def fit(
         for group in ("log_likelihood", "observed_data"):
             # a potential fitted as an observed CustomDist is no observation (pm.sample leaves it out)
             if potentials and group in idata:
-                setattr(idata, group, idata[group].drop_vars([p for p in potentials if p in idata[group]]))
+                kept = idata[group].drop_vars([p for p in potentials if p in idata[group]])
+                if kept.data_vars:
+                    setattr(idata, group, kept)
+                else:
+                    # a model whose likelihood is all potentials has none: an empty group made
+                    # az.loo fail with an IndexError instead of saying there is no log-likelihood
+                    del idata[group]
         _warn_unconditional_centred_draws(model, graph, centred, given)
         ep = _ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
         ep.attrs["centred"] = ", ".join(centred)

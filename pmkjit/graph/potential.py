@@ -5,11 +5,14 @@ A potential adds ``f(latents)`` to the model's log-density: a soft constraint
 (``pm.Potential("lik", pm.logp(pm.Normal.dist(mu, s), y).sum())``). To EP it is one factor
 over the latents it reads, exactly what an observed ``pm.CustomDist`` whose ``logp=`` is
 ``f`` is (the advice pmkjit's refusal gave; the observed value is a dummy the density
-ignores). Potentials were refused before (robustness round 16). Only potentials whose
-latents are all scalars are rewritten: a vector latent is one input per element, and
-``f`` of the whole vector (``x[1:] - 0.8 * x[:-1]``, a sum over elements) is no function of
-one element at a time, which is how a factor's density is evaluated. Those stay refused,
-by name.
+ignores). Potentials were refused before (robustness round 16). A potential of vector
+latents is one function of all their elements, which a factor evaluated one instance at a
+time cannot take; but the ones users write are sums of elementwise terms (an AR(1) by hand,
+``pm.logp(pm.Normal.dist(0.8 * x[:-1], s), x[1:]).sum()``, a penalty, a soft sum-to-zero
+constraint on ``a.sum()``), and each term becomes an observed ``pm.CustomDist`` whose density
+is the term itself, entry by entry, with the term as its parameter for the model walk to
+decompose (robustness round 18; before, refused). A potential of vector latents that is no
+such sum (``logsumexp`` of a vector) is refused by the walk, naming it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pymc.model.fgraph import (
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
 
-from pmkjit.graph.pytensor_tools import drop_outputs
+from pmkjit.graph.pytensor_tools import drop_outputs, parameter_checks_to_ninf
 
 __all__ = ["potentials_as_observations"]
 
@@ -58,8 +61,21 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
         expr = node.inputs[0]
         reads = set(ancestors([expr]))
         latents = [v for v in free if v in reads]
-        if not latents or any(v.ndim != 0 for v in latents):
-            continue  # a vector latent, or a potential of data only: left to the refusal
+        if not latents:
+            continue  # a potential of data only: left to the refusal
+        if any(v.ndim != 0 for v in latents):
+            terms = _terms(_deterministics_unwrapped(expr), set(free))
+            if terms is None:
+                continue  # no sum of elementwise terms: left to the refusal
+            names = [out.name] if len(terms) == 1 else [f"{out.name}[{k}]" for k in range(len(terms))]
+            for term, term_name in zip(terms, names):
+                rv = pm.CustomDist.dist(term, logp=_itself, class_name=f"Potential_{out.name}")
+                observed = model_observed_rv(rv, pt.as_tensor(np.zeros(tuple(term.type.shape))))
+                observed.name = term_name
+                fg.add_output(observed, import_missing=True)
+            drop_outputs(fg, [out])
+            rewritten.extend(names)
+            continue
         if expr.ndim:
             expr = expr.sum()  # the model's log-density sums a potential's entries
         name = out.name
@@ -83,6 +99,79 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
     if not rewritten:
         return model, []
     return model_from_fgraph(fg, mutate_fgraph=True), rewritten
+
+
+def _itself(value, term):
+    """The log-density of a potential's term, which is its parameter (the observed value is a dummy)."""
+    return term + 0.0 * value
+
+
+def _terms(expr, free: set) -> list | None:
+    """A potential of vector latents as a list of terms whose entries add up to it, or None.
+
+    A potential over a vector is one function of all its elements, which EP's factors,
+    evaluated one instance at a time, cannot take: refused before robustness round 18. But
+    the potentials users write are mostly sums of elementwise terms: a likelihood by hand,
+    ``pm.logp(pm.Normal.dist(a[g] + b * x, s), y).sum()``, a penalty ``-0.5 * (beta**2).sum()``,
+    a soft sum-to-zero constraint ``pm.logp(pm.Normal.dist(0, 0.01), a.sum())`` (a function of
+    one linear projection). Each term becomes the parameter of an observed ``pm.CustomDist``
+    whose density is that parameter, entry by entry, and the model walk decomposes it like any
+    likelihood's parameter (linear slots, elements of positive latents, data): where it cannot
+    (``logsumexp`` of a vector), the refusal names the potential. Terms are read through ``+``,
+    ``-``, a full ``sum`` and products and quotients of a sum by constants; a term without a
+    sum is one entry per entry of its value (PyMC sums a potential's entries). PyMC's
+    parameter checks in a ``pm.logp`` become ``-inf`` entry by entry.
+    """
+    from pytensor.tensor.elemwise import CAReduce, Elemwise
+    import pytensor.scalar as ps
+
+    def latent(v) -> bool:
+        return any(a in free for a in ancestors([v]))
+
+    def split(v, sign: float) -> list:
+        node = v.owner
+        if node is not None and isinstance(node.op, CAReduce) and isinstance(node.op.scalar_op, ps.Add) \
+                and (node.op.axis is None or set(node.op.axis) == set(range(node.inputs[0].ndim))):
+            return [(node.inputs[0], sign)]
+        if node is not None and isinstance(node.op, Elemwise) and v.ndim == 0:
+            op = node.op.scalar_op
+            if isinstance(op, ps.Add):
+                return [t for i in node.inputs for t in split(i, sign)]
+            if isinstance(op, ps.Sub):
+                return split(node.inputs[0], sign) + split(node.inputs[1], -sign)
+            if isinstance(op, ps.Neg):
+                return split(node.inputs[0], -sign)
+            if isinstance(op, (ps.Mul, ps.TrueDiv)):
+                inner = [i for i in node.inputs if latent(i)]
+                if len(inner) == 1 and (isinstance(op, ps.Mul) or inner[0] is node.inputs[0]):
+                    parts = split(inner[0], 1.0)
+                    if len(parts) == 1 and parts[0][0] is not inner[0]:
+                        # c * sum(e) = sum(c * e) for a constant c
+                        others = [i for i in node.inputs if i is not inner[0]]
+                        term, s0 = parts[0]
+                        scaled = term
+                        for o in others:
+                            scaled = scaled * o if isinstance(op, ps.Mul) else scaled / o
+                        return [(scaled, sign * s0)]
+        return [(v, sign)]
+
+    terms = []
+    for term, sign in split(expr, 1.0):
+        if not latent(term):
+            continue  # a constant: no factor
+        term = parameter_checks_to_ninf(term)
+        terms.append(term if sign > 0 else -term)
+    return terms or None
+
+
+def _deterministics_unwrapped(var):
+    """``var`` with the ``pm.Deterministic``s it reads replaced by their values (latents kept)."""
+    from pymc.model.fgraph import ModelDeterministic
+
+    wrapped = [v for v in ancestors([var]) if v.owner is not None and isinstance(v.owner.op, ModelDeterministic)]
+    if not wrapped:
+        return var
+    return _deterministics_unwrapped(graph_replace(var, {v: v.owner.inputs[0] for v in wrapped}, strict=False))
 
 
 def _unwrapped(var):
