@@ -2395,3 +2395,32 @@ def test_an_hsgp_with_latent_hyperparameters_is_refused_with_what_to_write_inste
     post = pmkjit.ep_posterior(idata)["f_hsgp_coeffs"]
     np.testing.assert_allclose(post.mean(), cov @ B.T @ y / 0.09, atol=1e-8)
     np.testing.assert_allclose(post.var(), np.diag(cov), rtol=1e-8)
+
+
+def test_a_likelihood_whose_every_cavity_is_improper_is_not_convergence(monkeypatch):
+    """Every cavity of a likelihood improper (the semi-analytic Normal factor of a Beta scale
+    once had a Gamma slot: its cavities, Gamma from Beta parameters, were all improper) skips
+    every instance: the sweep changed nothing and EP reported convergence after one sweep
+    with the priors as the posterior (robustness round 18). Such a sweep is not convergence."""
+    from pmkjit.families import Gamma
+    from pmkjit.graph.factor_graph import ElementSlot
+
+    y = np.random.default_rng(3).normal(1.0, 0.6, 30)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 5)
+        pm.Normal("y", mu, pm.Uniform("sigma", 0, 5), observed=y)
+    fit_module = sys.modules["pmkjit.fit"]  # (pmkjit.fit is also the function)
+    build = fit_module.build_factor_graph
+
+    def wrong_family(*args, **kwargs):
+        graph = build(*args, **kwargs)
+        for f in graph.factors:
+            f.inputs = [ElementSlot(s.variable, s.index, Gamma, s.label) if isinstance(s, ElementSlot) else s
+                        for s in f.inputs]
+        return graph
+
+    monkeypatch.setattr(fit_module, "build_factor_graph", wrong_family)
+    with pytest.warns(pmkjit.EPNotConvergedWarning, match="no instance of y got an answer"):
+        idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, max_sweeps=5, draws=10,
+                           compute_log_likelihood=False)
+    assert not idata.ep.attrs["converged"]

@@ -291,6 +291,12 @@ def sweep(graph: FactorGraph, prior: _Prior, state: EPState, methods: list[Calla
         attempted = f.size - (info.skipped_improper_cavity - skipped)
         if attempted > 0 and info.unanswered - unanswered == attempted:
             info.silent.append(f.name)
+        elif attempted == 0 and f.size > 0 and f.kind == "likelihood" and not f.from_prior:
+            # every cavity improper: the observations sent EP nothing, which is no fixed
+            # point (a Normal likelihood whose scale slot had the wrong family "converged"
+            # in one sweep with its prior as the posterior; a latent's own prior may be
+            # skipped so legitimately, a likelihood's cavity has the priors in it)
+            info.silent.append(f.name)
     state.sites = sites
     info.change = _change(before, _summary(graph, state))
     info.max_change = float(np.nanmax(np.abs(info.change))) if info.change.size else 0.0
