@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import special
 
-from pmkjit.families import ExponentialFamily, Gamma, Gaussian
+from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.ep.methods import Answer
 
 __all__ = ["NormalScaleMethod"]
@@ -47,6 +47,8 @@ class NormalScaleMethod:
         self.n_calls = 0
 
     def __call__(self, messages: Sequence[ExponentialFamily]) -> Answer:
+        if isinstance(messages[1], Beta):
+            return self._unit_scale(messages)
         eta_msg, s_msg, y_msg = messages
         self.n_calls += len(eta_msg)
         m, v = eta_msg.mean()[:, None], eta_msg.var()[:, None]
@@ -79,6 +81,49 @@ class NormalScaleMethod:
         nat_eta = np.where(ok[:, None], eta_belief.natural, np.nan)
         nat_s = np.where(ok[:, None], s_belief.natural, np.nan)
         return Answer((Gaussian.from_natural(nat_eta), Gamma.from_natural(nat_s)), ok)
+
+
+    def _unit_scale(self, messages: Sequence[ExponentialFamily]) -> Answer:
+        """The same for a scale on (0, 1) with a Beta message: the integral in ``logit s``.
+
+        A scale ``sigma ~ pm.Uniform(0, 50)`` (Statistical Rethinking's habit) is fitted as
+        ``50 * u`` with ``u ~ Uniform(0, 1)``, a Beta latent, and the Normal factor, divided
+        by 50, has the scale ``u`` (see ``_try_normal_scale``). Without a Beta version it was a
+        2-D quadrature factor (43 s for a cubic regression, N = 60, where NUTS took 6-19 s).
+        """
+        eta_msg, s_msg, y_msg = messages
+        self.n_calls += len(eta_msg)
+        m, v = eta_msg.mean()[:, None], eta_msg.var()[:, None]
+        y = np.asarray(y_msg.value, dtype=float)[:, None]
+        mu_u, var_u = s_msg.unconstrained_moments()
+        t = np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
+        u = mu_u[:, None] + np.sqrt(var_u)[:, None] * t  # (B, K) nodes in logit s
+        stats_u = Beta.sufficient_statistics_unconstrained(u)  # log s, log(1 - s), exact in u
+        log_s = stats_u[..., 0]
+        noise = np.exp(2.0 * log_s) if self.link == "scale" else np.exp(-log_s)
+        total = v + noise
+        with np.errstate(over="ignore", invalid="ignore"):
+            logw = s_msg.logpdf_unconstrained(u) - 0.5 * np.log(total) - 0.5 * (y - m) ** 2 / total
+            logw -= logw.max(axis=1, keepdims=True)
+        w = np.exp(logw)
+        w /= w.sum(axis=1, keepdims=True)
+        gain = v / total
+        cond_mean = m + gain * (y - m)
+        cond_var = v * noise / total
+        e_eta = np.sum(w * cond_mean, axis=1)
+        var_eta = np.sum(w * (cond_var + (cond_mean - e_eta[:, None]) ** 2), axis=1)
+        stats = np.einsum("bk,bkj->bj", w, stats_u)
+        ok = np.isfinite(e_eta) & np.isfinite(var_eta) & (var_eta > 0) & np.all(np.isfinite(stats), axis=1)
+        # a proper Beta needs E[s] + E[1 - s] beyond exp(E log s) + exp(E log(1 - s)): Jensen's
+        # gap, round-off where it is not
+        with np.errstate(invalid="ignore"):
+            ok &= np.exp(stats[:, 0]) + np.exp(stats[:, 1]) < 1.0 - 1e-12
+        eta_belief = Gaussian(np.where(ok, e_eta, 0.0), np.where(ok, var_eta, 1.0))
+        safe = np.where(ok[:, None], stats, np.log([0.5, 0.4]))
+        s_belief = Beta.project(safe, "tilted scale")
+        nat_eta = np.where(ok[:, None], eta_belief.natural, np.nan)
+        nat_s = np.where(ok[:, None], s_belief.natural, np.nan)
+        return Answer((Gaussian.from_natural(nat_eta), Beta.from_natural(nat_s)), ok)
 
 
 def _gamma_log_density_in_log_space(q: Gamma, u: np.ndarray) -> np.ndarray:
