@@ -309,7 +309,8 @@ def fit(
             _write_back(store, graph, kjits)
 
         _warn_correlated_pairs(graph, state)
-        _warn_correlated_hyperparameters(graph, state, as_generator(int(rng.integers(2**31 - 1))))
+        # (its own generator: drawing from rng would change every fit's posterior draws)
+        _warn_correlated_hyperparameters(graph, state, np.random.default_rng(0))
         t0 = time.perf_counter()
         with default_initial_values(original):
             idata, given = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
