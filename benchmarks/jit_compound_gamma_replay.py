@@ -27,7 +27,9 @@ Variants (``--variants``), all with the library's defaults otherwise:
   ``gamma_space`` existed (``gamma_space="linear"``);
 * ``summed-evidence``: the regulariser chosen by the evidence summed over the outputs, the
   library's rule before ``regularization_rule="smallest"``;
-* ``previous``: both of the above, the library before them (commit df07073).
+* ``previous``: both of the above, the library before them (commit df07073);
+* ``noise-floor-F``: the operator trusts predictions up to ``F`` times as uncertain as one
+  oracle answer (``KJITOperator(noise_floor=F)``; the library's is 1).
 
 Run (one core, about 10 minutes for the default grid: 8 operator seeds, both oracles, 4 variants)::
 
@@ -181,6 +183,15 @@ def install(variant: str) -> None:
             return kjit.KJITResult(beliefs, first_var, asked, accepted)
 
         kjit.KJITOperator.__call__ = __call__
+    elif variant.startswith("noise-floor-"):
+        floor = float(variant[len("noise-floor-"):])
+        init = kjit.KJITOperator.__init__
+
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.noise_floor = floor  # KJITMethod builds the operator with the default
+
+        kjit.KJITOperator.__init__ = __init__
     elif variant != "default":
         raise ValueError(variant)
 
@@ -261,7 +272,7 @@ def main() -> None:
         for oracle in args.oracles:
             seeds = args.operator_seeds if oracle == "quadrature" else args.operator_seeds[: args.importance_seeds]
             for seed in seeds:
-                for name in ("_make_features", "_select", "__call__"):
+                for name in ("_make_features", "_select", "__call__", "__init__"):
                     setattr(kjit.KJITOperator, name, saved[name])  # undo the previous variant
                 kjit._REGULARIZATION_RULE = rule
                 install(variant)

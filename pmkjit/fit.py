@@ -25,7 +25,7 @@ from pmkjit.ep import engine, schedule
 from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
 from pmkjit.ep.methods import FactorOracle, KJITMethod, concatenate_answers, grid_possible, quadrature_possible
 from pmkjit.ep.joint import JointQuadrature
-from pmkjit.ep.mixture import NormalMixtureMethod
+from pmkjit.ep.mixture import NormalMixtureMethod, overlapping_components
 from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.truncation import PositiveMethod
 from pmkjit.ep.engine import EPInfo
@@ -311,6 +311,7 @@ def fit(
         _warn_correlated_pairs(graph, state)
         # (its own generator: drawing from rng would change every fit's posterior draws)
         _warn_correlated_hyperparameters(graph, state, np.random.default_rng(0))
+        _warn_overlapping_components(graph, state)
         t0 = time.perf_counter()
         with default_initial_values(original):
             idata, given = _inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
@@ -988,6 +989,23 @@ def _warn_correlated_hyperparameters(graph, state, rng, threshold: float = 0.6, 
                     UserWarning,
                     stacklevel=3,
                 )
+
+
+def _warn_overlapping_components(graph, state) -> None:
+    """Warn where a fitted mixture of Normals has two components on top of each other.
+
+    The symptom of a poor mode of the posterior (:func:`pmkjit.ep.mixture.overlapping_components`),
+    which EP reaches from its priors without any sign in its own convergence.
+    """
+    for f in graph.factors:
+        for j, k, m_j, m_k, s_j, s_k in overlapping_components(f, state):
+            warnings.warn(
+                f"{f.name}: mixture components {j} and {k} overlap after EP (means {m_j:.3g} and {m_k:.3g}, "
+                f"sds {s_j:.3g} and {s_k:.3g}): EP may have settled in a poor mode of the mixture's posterior "
+                "(two components on one cluster, a broad one covering another); compare with pm.sample",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evaluations: float = 2e7):
