@@ -159,7 +159,7 @@ def _fitted_graph_and_state(model):
     """The factor graph and EP state pmkjit.fit ends with (captured at the draws)."""
     import importlib
 
-    fit_module = importlib.import_module("pmkjit.fit")
+    fit_module = importlib.import_module("pmkjit.inference_data")  # where fit's draws are made
     seen = {}
     original = fit_module.conditional_draws
 

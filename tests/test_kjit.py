@@ -8,7 +8,7 @@ from pmkjit.errors import OperatorFileError
 from pmkjit.families import Beta, Gamma, Gaussian
 from pmkjit.features import GaussianJointEmbeddingFeatures
 from pmkjit.operators import KJITOperator, QuadratureOracle
-from pmkjit.operators.kjit import _ACCURATE_CHI2, FILE_VERSION, calibrated_thresholds
+from pmkjit.operators.kjit import FILE_VERSION, calibrated_thresholds
 
 
 class CountingOracle:

@@ -537,7 +537,7 @@ def test_an_infinite_truncation_bound_is_not_missing_data():
 def test_a_latent_read_by_many_instances_is_answered_by_quadrature_not_kjit():
     # KJIT's systematic error was added once per observation on s2 (0.26 posterior sd
     # off here; with a Gamma prior on s2 a mean of 5.1 against quadrature's 2.57).
-    from pmkjit.fit import shares_a_latent
+    from pmkjit.graph.sharing import shares_a_latent
 
     model, y, exact = _latent_variance_model(seed=27)
     (f,) = [f for f in build_factor_graph(model).factors if f.name == "y"]
@@ -699,7 +699,7 @@ def test_non_centred_eight_schools_does_not_collapse_the_group_scale(monkeypatch
     # drifted from 3.6 to 0.04 (NUTS 3.65). A small factor whose instances share a latent
     # is answered by its oracle directly: importance sampling, or the Gauss-Hermite grid
     # that now takes factors of three to six latents.
-    from pmkjit.fit import shares_a_latent
+    from pmkjit.graph.sharing import shares_a_latent
 
     y, s = np.array([28.0, 8, -3, 7, -1, 1, 18, 12]), np.array([15.0, 10, 16, 11, 9, 11, 10, 18])
     with pm.Model() as model:
@@ -886,7 +886,7 @@ def test_a_non_centred_effect_not_rewritten_is_warned_about():
     assert idata.ep.attrs["centred"] == ""
     # the centred form is not warned about (and is semi-analytic), nor the non-centred
     # eight schools as written (one observation per z[j])
-    from pmkjit.fit import _warn_non_centred
+    from pmkjit.diagnostics.model import warn_non_centred
     from pmkjit.graph.centre import centre_non_centred
 
     y, s = np.array([28.0, 8, -3, 7, -1, 1, 18, 12]), np.array([15.0, 10, 16, 11, 9, 11, 10, 18])
@@ -899,7 +899,7 @@ def test_a_non_centred_effect_not_rewritten_is_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for m in (_grouped_normal(non_centred=False)[0], schools):
-            _warn_non_centred(build_factor_graph(m))
+            warn_non_centred(build_factor_graph(m))
     assert centre_non_centred(schools)[1] == ["eta"]  # fit centres it (next test)
 
 
@@ -1617,7 +1617,8 @@ def test_draws_where_the_data_are_impossible_are_warned_about():
     100 draws without a log-likelihood group). A shifted exponential with a Normal ``loc``
     (robustness round 15) had come out with every observation impossible at every draw,
     ``loc`` at 61 where the data put it below 2.007, with no word of it."""
-    fit_module = sys.modules["pmkjit.fit"]  # the package's fit is the function
+    from pmkjit.diagnostics.posterior import warn_impossible_observations
+
     y = np.random.default_rng(51).uniform(0, 3.0, 20)
     with pm.Model() as model:
         theta = pm.HalfNormal("theta", 5)
@@ -1630,7 +1631,7 @@ def test_draws_where_the_data_are_impossible_are_warned_about():
     assert message.startswith("y: ") and f"at {share:.0%} of the posterior draws" in message
     del idata.log_likelihood
     with pytest.warns(UserWarning, match=r"zero density at \d+% of the posterior draws") as record:
-        fit_module._warn_impossible_observations(idata, model)
+        warn_impossible_observations(idata, model)
     (message,) = [str(w.message) for w in record]
     thinned = float(re.search(r"at (\d+)%", message).group(1)) / 100
     assert abs(thinned - share) < 0.1  # 100 of the 2,000 draws

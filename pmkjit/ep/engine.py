@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import linalg
 
-from pmkjit.errors import ImproperMessageError, UnsupportedModelError
-from pmkjit.families import Beta, Gamma, Gaussian, PointMass
+from pmkjit.errors import UnsupportedModelError
+from pmkjit.families import Gaussian, PointMass
 from pmkjit.ep.joint import joint_update
-from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, FactorGraph, LinearSlot
+from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, FactorGraph, LinearSlot
 
 __all__ = ["EPState", "EPInfo", "init", "sweep", "combine", "posterior_moments"]
 

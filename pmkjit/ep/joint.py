@@ -143,7 +143,6 @@ class JointQuadrature:
         a few nodes (effective number below ``_MIN_RESOLVED`` of the grid's own) is not
         answered.
         """
-        f = self.factor
         b, m = mean.shape
         self.n_calls += b
         Z, log_w = self._grid(m)

@@ -16,9 +16,7 @@ black-box factor with a forward sampler and, where PyMC can derive one, a log-de
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import re
 import warnings
 from collections.abc import Sequence
 
@@ -27,10 +25,8 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.distributions.censored import CensoredRV
-from pymc.distributions.custom import CustomSymbolicDistRV
-from pymc.distributions.mixture import Mixture, MixtureRV, _Hurdle, _HurdleRV
+from pymc.distributions.mixture import MixtureRV
 from pymc.distributions.distribution import SymbolicRandomVariable
-from pymc.distributions.shape_utils import _change_dist_size
 from pymc.distributions.simulator import SimulatorRV
 from pymc.distributions.truncated import TruncatedRV
 from pymc.pytensorf import find_rng_nodes, reseed_rngs
@@ -39,12 +35,9 @@ from pytensor.graph.traversal import ancestors
 from pytensor.scalar import Mul as ScalarMul, Switch as ScalarSwitch
 from pytensor.compile.ops import ViewOp
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
-from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.basic import Eye
 from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
-from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.sharedvar import TensorSharedVariable
-from pytensor.tensor.type_other import NoneConst
 
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.families import Beta, Gamma, Gaussian
@@ -64,12 +57,42 @@ from pmkjit.graph.predictive import predictive_only
 from pmkjit.graph.pytensor_tools import (
     affine_coefficients,
     compile_function,
+    elementwise_nodes,
     evaluate_constant,
     latent_ancestors,
     lift_indexing,
     parameter_checks_to_ninf,
+    pass_through,
+    replace_elementwise,
 )
-from pmkjit.links import cloglog_inverse, half_erfc
+from pmkjit.graph.distributions import (
+    NO_BOUND,
+    abc_bandwidth,
+    PartlyConstant,
+    TIME_SERIES,
+    bound_text,
+    broadcast_mismatch,
+    categorical_entries,
+    check_elementwise_distribution,
+    dist_params,
+    distribution_label,
+    flat_distribution,
+    gaussian_process_hint,
+    has_point_masses,
+    last_axis_columns,
+    mixture_parts,
+    normal_walk,
+    ordinal_parts,
+    partial_observed,
+    probed_support,
+    refuse_partly_missing_rows,
+    select_entries,
+    softmax_input,
+    truncated_support,
+    unbroadcast,
+)
+from pmkjit.graph.keys import describe_graph, graph_key, has_no_random, simulator_fingerprint
+from pmkjit.graph.link_recognition import ELEMENTWISE_HINTS, recognise_link
 
 try:  # private in PyMC 5 (the singledispatch behind every distribution's default transform)
     from pymc.distributions.transforms import _default_transform
@@ -92,26 +115,6 @@ _CONJUGATE = {
 # Observations whose conjugate parameter may be a nonlinear function of latents: the
 # paper's split into a deterministic factor and an analytic observation.
 _SPLIT = ("BernoulliRV", "BinomialRV", "PoissonRV")
-
-# PyMC time-series distributions whose op names do not say how the user wrote them
-# (``pm.GaussianRandomWalk`` builds a ``RandomWalkRV``), with what EP can do instead
-_TIME_SERIES = {
-    "RandomWalkRV": (
-        "pm.GaussianRandomWalk / pm.RandomWalk",
-        "; Gaussian random walks (Normal initial value and Normal innovations) are supported",
-    ),
-    "AutoRegressiveRV": ("pm.AR", ""),
-    "GARCH11RV": ("pm.GARCH11", ""),
-    "EulerMaruyamaRV": ("pm.EulerMaruyama", ""),
-}
-
-# Distributions of distributions, by the constructors that build them (their op names,
-# "MixtureRV" or "_HurdleRV", say neither pm.ZeroInflatedPoisson nor pm.HurdleGamma)
-_OF_DISTRIBUTIONS = {
-    "MixtureRV": "pm.Mixture, pm.NormalMixture or a zero-inflated distribution such as pm.ZeroInflatedPoisson",
-    "_HurdleRV": "a hurdle distribution such as pm.HurdlePoisson or pm.HurdleGamma",
-    "CensoredRV": "pm.Censored",
-}
 
 
 # Transforms whose names do not say which constructor the user called
@@ -255,7 +258,7 @@ class _Builder:
                 f"{rv.name}: its prior is improper ({type(op).__name__[:-2]}) and no other variable reads it, so its "
                 "posterior is improper too: give it a proper prior or remove it"
             )
-        if _has_no_random(op):
+        if has_no_random(op):
             raise UnsupportedModelError(
                 _NO_SAMPLER.format(name=rv.name) + "; no other variable reads it, so pmkjit draws it from its prior"
             )
@@ -269,7 +272,7 @@ class _Builder:
             observed = name[: -len("_unobserved")] if name.endswith("_unobserved") else name
             raise UnsupportedModelError(
                 f"{observed}: the observed data contain missing values, which PyMC imputes as the latent {name}, "
-                f"read by another variable; for {_distribution_label(whole.owner.op)} PyMC imputes them through a "
+                f"read by another variable; for {distribution_label(whole.owner.op)} PyMC imputes them through a "
                 "PartialObservedRV of the whole variable, which pmkjit cannot use as a prior (missing values that "
                 "nothing else reads are drawn from their predictive): drop or fill the missing entries, or give the "
                 "variable a distribution such as Normal, StudentT or Gamma"
@@ -315,17 +318,17 @@ class _Builder:
             transform = _default_transform(op, rv)
         tname = type(transform).__name__ if transform is not None else None
         if tname is None:
-            if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",) and not _normal_walk(rv):
-                hint = _TIME_SERIES.get(type(op).__name__, ("", ""))[1]
+            if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",) and not normal_walk(rv):
+                hint = TIME_SERIES.get(type(op).__name__, ("", ""))[1]
                 raise UnsupportedModelError(
-                    f"{name}: multivariate latent {_distribution_label(op)} is not supported (only MvNormal){hint}"
+                    f"{name}: multivariate latent {distribution_label(op)} is not supported (only MvNormal){hint}"
                 )
             if isinstance(op, SymbolicRandomVariable) and getattr(op, "ndim_supp", 0) == 0:
                 # PyMC gives some symbolic distributions no transform though their support is
                 # bounded (pm.LogitNormal in PyMC 5.28; a CustomDist with dist= unless the user
                 # passes one): as a Gaussian latent, pm.LogitNormal's probabilities were drawn
                 # below 0, and every observation's log-likelihood at those draws was -inf
-                return _probed_support(rv) or Gaussian
+                return probed_support(rv) or Gaussian
             return Gaussian
         if tname == "ZeroSumTransform" and type(op).__name__ == "ZeroSumNormalRV":
             return Gaussian  # one zero-sum axis: more were refused with the matrix-valued latents above
@@ -343,12 +346,12 @@ class _Builder:
             lower, upper = (np.asarray(evaluate_constant(pt.as_tensor(b))) if b is not None else None
                             for b in transform.args_fn(*rv.owner.inputs))
             if isinstance(op, TruncatedRV):
-                lower, upper = _truncated_support(op, rv, lower, upper)
+                lower, upper = truncated_support(op, rv, lower, upper)
             if lower is not None and upper is not None and np.all(lower == 0) and np.all(upper == 1):
                 return Beta
             if lower is not None and upper is None and np.all(lower == 0):
                 return Gamma
-            where = (f"({_bound(lower, -np.inf)}, {_bound(upper, np.inf)}), an interval other than (0, 1) or (0, inf)"
+            where = (f"({bound_text(lower, -np.inf)}, {bound_text(upper, np.inf)}), an interval other than (0, 1) or (0, inf)"
                      if all(b is None or b.size == 1 for b in (lower, upper)) else "an interval other than (0, 1) or (0, inf)")
             raise UnsupportedModelError(
                 f"{name} lives on {where}; "
@@ -367,7 +370,7 @@ class _Builder:
             what = f"the chain {' then '.join(chain) or tname}"
             if "Ordered" in chain and chain[0] in ("LogTransform", "LogOddsTransform"):
                 what = ("an ordered vector of positive or (0, 1) values (transform=ordered on a "
-                        f"{_distribution_label(op)} chains {' and '.join(chain)}); pmkjit orders real vectors only: "
+                        f"{distribution_label(op)} chains {' and '.join(chain)}); pmkjit orders real vectors only: "
                         "order the logs instead, log_x = pm.Normal(..., transform=pm.distributions.transforms.ordered) "
                         "and x = pm.math.exp(log_x)")
                 raise UnsupportedModelError(f"{name} is {what}")
@@ -420,7 +423,7 @@ class _Builder:
                     # data, as 1e150: the same density for any observation below it; the
                     # importance oracle takes data as point masses, refuses infinite ones
                     # and rejects an entry whose point mass has no finite second moment
-                    value = np.clip(np.asarray(value, dtype=float), -_NO_BOUND, _NO_BOUND)
+                    value = np.clip(np.asarray(value, dtype=float), -NO_BOUND, NO_BOUND)
             else:
                 value = _finite(value, owner, var)
             if value.size == 1:
@@ -443,7 +446,7 @@ class _Builder:
                     return
                 constant = np.abs(A).max(axis=1) <= _CONSTANT_ATOL * max(1.0, np.abs(c).max(initial=0.0))
                 if constant.any() and owner in self._splittable:
-                    raise _PartlyConstant(constant)
+                    raise PartlyConstant(constant)
                 leaves[id(var)] = (var, LinearSlot(A, c, _label(var)))
                 return
         if len(deps) == 1 and not dep_vars[0].in_gaussian_block:
@@ -456,10 +459,10 @@ class _Builder:
             for inp in node.inputs:
                 self._walk(inp, plate, owner, leaves, seen)
             return
-        if node is not None and _pass_through(node.op):
+        if node is not None and pass_through(node.op):
             self._walk(node.inputs[0], plate, owner, leaves, seen)
             return
-        bad_shape = _broadcast_mismatch(var, plate)
+        bad_shape = broadcast_mismatch(var, plate)
         if bad_shape is not None:
             # The usual cause: pm.set_data on the covariates or group index (40 rows) and
             # not on the observations (80). The affine and index probes cannot broadcast
@@ -481,7 +484,7 @@ class _Builder:
             f"({_label(var)}{'; inside it: ' + inner if inner else ''}), which is neither affine in the "
             "real-valued latents nor elementwise; pmkjit "
             "needs each observation's parameters to be an elementwise function of linear predictors and "
-            "scalar latents" + _gaussian_process_hint(deps, inner)
+            "scalar latents" + gaussian_process_hint(deps, inner)
         )
 
     def _element_index(self, var: Variable, rv: Variable, plate) -> np.ndarray | None:
@@ -559,7 +562,7 @@ class _Builder:
             if id(var) in memo:
                 return memo[id(var)]
             node = var.owner
-            if _pass_through(node.op):
+            if pass_through(node.op):
                 out = rebuild(node.inputs[0])
             else:
                 out = node.op(*[rebuild(i) for i in node.inputs])
@@ -575,7 +578,7 @@ class _Builder:
         var = self.variables[rv.name]
         plate = var.shape
         op = rv.owner.op
-        params = [lift_indexing(p) for p in _dist_params(rv)]
+        params = [lift_indexing(p) for p in dist_params(rv)]
         opname = type(op).__name__
         if opname in ("FlatRV", "HalfFlatRV"):
             self.graph.improper_prior.append(rv.name)
@@ -627,7 +630,7 @@ class _Builder:
         if not np.all(np.isfinite(y)):
             bad = np.argwhere(~np.isfinite(y))[0].tolist()
             raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
-        partial = _partial_observed(rv)
+        partial = partial_observed(rv)
         if type(op).__name__ == "MultinomialRV" and partial is None and y.ndim == 2:
             self._multinomial(rv, y)
             self._check_support(rv, y)
@@ -635,19 +638,19 @@ class _Builder:
         if type(op).__name__ == "MvNormalRV":
             # rows missing whole (NaN everywhere) are already gone: PyMC imputes them as a
             # separate MvNormal latent that nothing reads (drawn from its predictive)
-            params = [lift_indexing(p) for p in _dist_params(rv)]
+            params = [lift_indexing(p) for p in dist_params(rv)]
             if any(latent_ancestors(p, self.latent_rvs) for p in params):
                 self._mvnormal(rv, params, prior=False, y=y)
             return  # no latent parameter: a constant factor
         if partial is not None and type(partial[0].owner.op).__name__ == "MvNormalRV":
-            _refuse_partly_missing_rows(rv, partial[1])
+            refuse_partly_missing_rows(rv, partial[1])
         if getattr(op, "ndim_supp", 0) != 0:
             # named by the distribution, not by PyMC's PartialObservedRV around it (an
             # MvNormal with a NaN in some of a row's entries)
             dist = op if partial is None else partial[0].owner.op
             raise UnsupportedModelError(
-                f"{rv.name}: multivariate likelihood {_distribution_label(dist)} is not supported; write it elementwise"
-                + _ELEMENTWISE_HINTS.get(type(dist).__name__, "").format(name=rv.name)
+                f"{rv.name}: multivariate likelihood {distribution_label(dist)} is not supported; write it elementwise"
+                + ELEMENTWISE_HINTS.get(type(dist).__name__, "").format(name=rv.name)
             )
         if partial is None:
             self._likelihood_entries(rv, y, None)
@@ -682,7 +685,7 @@ class _Builder:
         sizes = len(graph.gaussian_terms), len(graph.element_sites)
         try:
             self._likelihood_factor(rv, y, mask)
-        except _PartlyConstant as split:
+        except PartlyConstant as split:
             full = np.ones(y.shape, bool) if mask is None else mask
             constant = np.zeros(y.shape, bool)
             constant[full] = split.rows  # split.rows follows the selected entries in C order
@@ -703,9 +706,9 @@ class _Builder:
         if opname == "CategoricalRV":
             self._categorical(rv, y, mask)
             return
-        params = [lift_indexing(p) for p in _dist_params(rv)]
+        params = [lift_indexing(p) for p in dist_params(rv)]
         if mask is not None:
-            params = [lift_indexing(_select(p, y.shape, mask)) for p in params]
+            params = [lift_indexing(select_entries(p, y.shape, mask)) for p in params]
             y = y[mask]
         plate = y.shape
         params = self._data_switches(params, plate, rv.name)
@@ -742,14 +745,14 @@ class _Builder:
         two rates and both indicators: 22 s, not converged). Where the choice is the same
         at every entry of ``plate`` the switch is its branch and the product with zeros is
         0; where it differs, a likelihood is split into the entries on either side
-        (``_PartlyConstant``, as for a partly constant slot: each side is then one branch,
+        (``PartlyConstant``, as for a partly constant slot: each side is then one branch,
         here a conjugate Poisson of one rate). A choice affine in the real-valued latents
         as a whole (``where(x > 0, b1 * x, b2 * x)``, ``b1 * treated``) is one linear slot
         already and is left as it is, and so is one met below a non-elementwise operation,
         whose data do not follow the entries.
         """
         while True:
-            for node in _elementwise_nodes(params):
+            for node in elementwise_nodes(params):
                 out = node.outputs[0]
                 choice = self._data_choice(node, plate)
                 if choice is None:
@@ -759,14 +762,14 @@ class _Builder:
                     replacement = if_true if chosen.all() else if_false
                     if replacement is None:
                         continue  # a product with data that is nowhere zero: nothing to resolve
-                    params = _replace_elementwise(params, out, replacement)
+                    params = replace_elementwise(params, out, replacement)
                     break  # new nodes above it: look again
                 deps = latent_ancestors(out, self.latent_rvs)
                 if owner in self._splittable and not (
                     all(self.variables[d.name].in_gaussian_block for d in deps)
                     and affine_coefficients(out, self.block, self.graph.n_theta, plate, self.rng) is not None
                 ):
-                    raise _PartlyConstant(chosen.ravel())
+                    raise PartlyConstant(chosen.ravel())
             else:
                 return params
 
@@ -809,7 +812,7 @@ class _Builder:
         probabilities are a softmax of its ``K`` linear predictors, which no elementwise
         parameter expresses, so the factor rebuilds the softmax over its flat inputs.
         """
-        p = _dist_params(rv)[0]
+        p = dist_params(rv)[0]
         # the observed rows of a variable with missing values: PyMC's y_observed reads
         # p[observed_mask] of the whole variable's probabilities
         rows = None
@@ -822,9 +825,9 @@ class _Builder:
             if n_full is None:
                 n_full = int(np.asarray(evaluate_constant(p.shape[0])))
             rows = (n_full, rows)
-        p = _unbroadcast(p)
-        eta = _softmax_input(p)
-        ordinal = None if eta is not None else _ordinal_parts(p)
+        p = unbroadcast(p)
+        eta = softmax_input(p)
+        ordinal = None if eta is not None else ordinal_parts(p)
         if ordinal is not None:
             self._ordinal(rv, y, mask, *ordinal, rows=rows)
             return
@@ -838,13 +841,13 @@ class _Builder:
             # class probabilities that are elementwise expressions of the latents, one per
             # class (a Dirichlet's stick-breaking weights): a factor of the latents they read
             try:
-                self._categorical_probabilities(rv, _last_axis_columns(p), y, mask)
+                self._categorical_probabilities(rv, last_axis_columns(p), y, mask)
             except UnsupportedModelError as err:
                 raise UnsupportedModelError(f"{refusal} ({err})") from None
             return
         if eta is None:
             raise UnsupportedModelError(refusal)
-        columns, y = _entries(_last_axis_columns(eta), y, mask, rows)
+        columns, y = categorical_entries(last_axis_columns(eta), y, mask, rows)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return  # constant class probabilities: a constant factor
         self._class_factor(
@@ -882,11 +885,11 @@ class _Builder:
         counts enter the factor as data inputs beside the class predictors, which share
         one joint site per row as a categorical's do.
         """
-        n, p = _dist_params(rv)
+        n, p = dist_params(rv)
         if latent_ancestors(n, self.latent_rvs):
             raise UnsupportedModelError(f"{rv.name}: a pm.Multinomial with a latent number of trials is not supported")
-        p = _unbroadcast(p)
-        eta = _softmax_input(p)
+        p = unbroadcast(p)
+        eta = softmax_input(p)
         # p=softmax(eta): the classes' predictors share a joint site; a single vector of
         # probabilities (a Dirichlet's stick-breaking weights) is read elementwise
         general = eta is None and p.ndim == 1
@@ -895,7 +898,7 @@ class _Builder:
                 f"{rv.name}: pm.Multinomial is supported with p=pm.math.softmax(eta, axis=-1), eta affine in the "
                 f"real-valued latents, or with one vector p shared by all rows; its p here is {_label(p)}"
             )
-        columns = _last_axis_columns(p if general else eta)
+        columns = last_axis_columns(p if general else eta)
         K = len(columns)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return
@@ -991,7 +994,7 @@ class _Builder:
         softmax's class predictors do (``_categorical``): the outcome's probabilities
         depend on the differences ``c_k - eta``.
         """
-        columns, y = _entries([lift_indexing(eta)] + _last_axis_columns(cutpoints), y, mask, rows)
+        columns, y = categorical_entries([lift_indexing(eta)] + last_axis_columns(cutpoints), y, mask, rows)
         if not any(latent_ancestors(c, self.latent_rvs) for c in columns):
             return
 
@@ -1144,7 +1147,7 @@ class _Builder:
         R1[np.arange(now.size), now] = 1.0
         R1[np.arange(now.size), before] = -1.0
         for dist, rows, what in ((init, R0, "initial value"), (innovations, R1, "increments")):
-            params = [lift_indexing(p) for p in _dist_params(dist)]
+            params = [lift_indexing(p) for p in dist_params(dist)]
             plate = tuple(int(n) for n in evaluate_constant(dist.shape))
             label = f"{rv.name} ({what})"
             if self._try_gaussian_term(rv, params, prior=True, rows=rows, plate=plate, label=label):
@@ -1186,7 +1189,7 @@ class _Builder:
         H = helmert(K)  # (K - 1, K): orthonormal rows, each orthogonal to the ones vector
         R = np.zeros((cols.shape[0], K - 1, D))
         R[np.arange(cols.shape[0])[:, None, None], np.arange(K - 1)[None, :, None], cols[:, None, :]] = H
-        sigma = _dist_params(rv)[0]  # (..., 1): one scale per batch entry
+        sigma = dist_params(rv)[0]  # (..., 1): one scale per batch entry
         plate = var.shape[:-1] + (K - 1,)
         params = [pt.constant(0.0), lift_indexing(sigma)]
         label = f"{rv.name} (zero-sum contrasts)"
@@ -1393,14 +1396,14 @@ class _Builder:
         function = compile_function(inputs, g)
         others_flat = [np.broadcast_to(o, plate).ravel() for o in others]
         natural = natural_fn(y.ravel(), others_flat)
-        scipy_fn = _recognise_link(g, inputs)
+        scipy_fn = recognise_link(g, inputs)
 
         def sampler(ins, rng, _f=function):
             shape = ins[0].shape
             return np.asarray(_f(*[np.ravel(a) for a in ins]), dtype=float).reshape(shape)
 
-        key_graph = _graph_key(g, inputs)
-        desc = f"{rv.name}: deterministic {_describe(g)} -> {family.name} parameter of {opname[:-2]}"
+        key_graph = graph_key(g, inputs)
+        desc = f"{rv.name}: deterministic {describe_graph(g)} -> {family.name} parameter of {opname[:-2]}"
         self.graph.factors.append(BlackBoxFactor(
             name=rv.name, kind="deterministic", inputs=slots, sampler=sampler, logp=None,
             density_source="deterministic", key=f"det-{family.name}-{key_graph}", description=desc,
@@ -1424,8 +1427,8 @@ class _Builder:
         leaves: dict = {}
         seen: set = set()
         if make_dist is None:
-            _check_elementwise_distribution(rv, self.latent_rvs)
-        if kind != "likelihood" and _has_no_random(op):
+            check_elementwise_distribution(rv, self.latent_rvs)
+        if kind != "likelihood" and has_no_random(op):
             # EP starts a latent's prior site from forward samples (and importance sampling
             # draws from it): PyMC's own NotImplementedError surfaced mid-fit, from PyTensor
             raise UnsupportedModelError(_NO_SAMPLER.format(name=rv.name))
@@ -1442,13 +1445,13 @@ class _Builder:
         inputs, slots, flat_params = self._rebuild(params, leaves)
         flat_params = [pt.broadcast_to(p, (pt.shape(inputs[0])[0],)) if inputs and p.ndim == 0 else p
                        for p in flat_params]
-        new_rv = _flat_distribution(rv, flat_params) if make_dist is None else make_dist(flat_params)
+        new_rv = flat_distribution(rv, flat_params) if make_dist is None else make_dist(flat_params)
         sampler_fn = compile_function(inputs, new_rv)
         rngs = find_rng_nodes([new_rv])
         if not rngs:
             rngs = [v for v in sampler_fn.maker.fgraph.inputs if "RandomGenerator" in str(v.type)]
 
-        def sampler(ins, rng, _f=sampler_fn, _rngs=rngs, _name=rv.name, _what=_distribution_label(op)):
+        def sampler(ins, rng, _f=sampler_fn, _rngs=rngs, _name=rv.name, _what=distribution_label(op)):
             shape = np.shape(ins[0]) if ins else (1,)
             reseed_rngs(_rngs, int(rng.integers(2**63 - 1)))
             try:
@@ -1471,7 +1474,7 @@ class _Builder:
         key_extra: list = []
         if isinstance(op, SimulatorRV):
             source = "abc-kernel"
-            key_extra.append(_simulator_fingerprint(op))
+            key_extra.append(simulator_fingerprint(op))
         else:
             try:
                 value = pt.vector("value", dtype=rv.dtype)
@@ -1486,14 +1489,14 @@ class _Builder:
                     return np.asarray(_f(xs, *flat), dtype=float).reshape(shape)
             except NotImplementedError:
                 source = "abc-kernel"
-        key_graph = _graph_key(new_rv, inputs, extra=key_extra)
+        key_graph = graph_key(new_rv, inputs, extra=key_extra)
         self._check_sizes(rv.name, slots, B)
         if source == "abc-kernel":
             if kind != "likelihood":
                 raise UnsupportedModelError(
                     f"{rv.name}: PyMC derives no density for this latent's distribution {opname}"
                 )
-            eps = _abc_bandwidth(op, observed)
+            eps = abc_bandwidth(op, observed)
             warnings.warn(
                 f"{rv.name}: PyMC has no density for {opname}; the oracle weighs forward samples by a Gaussian "
                 f"kernel of width {eps:.3g} on their distance to the observed value (ABC-EP)",
@@ -1511,7 +1514,7 @@ class _Builder:
         desc = f"{rv.name}: {'likelihood' if kind == 'likelihood' else 'prior'} {opname[:-2] or opname}"
         mixture = None
         if kind == "likelihood" and make_dist is None and make_logp is None and isinstance(op, MixtureRV):
-            components = _mixture_parts(rv)[1]
+            components = mixture_parts(rv)[1]
             if all(c.owner is not None and type(c.owner.op).__name__ == "NormalRV" for c in components):
                 mixture = normal_mixture_spec(inputs, slots, flat_params, len(components), compile_function)
                 if mixture is not None:
@@ -1520,7 +1523,7 @@ class _Builder:
         self.graph.factors.append(BlackBoxFactor(
             name=rv.name, kind=kind, inputs=slots, sampler=sampler, logp=logp, density_source=source,
             key=f"{kind}-{fam.name if fam else 'obs'}-{key_graph}", description=desc, output=output,
-            output_family=fam, observed=observed, size=B, point_masses=_has_point_masses(rv), mixture=mixture,
+            output_family=fam, observed=observed, size=B, point_masses=has_point_masses(rv), mixture=mixture,
         ))
 
     def _check_sizes(self, name: str, slots, B: int) -> None:
@@ -1551,10 +1554,10 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
     for rv in model.observed_RVs:
         if type(rv.owner.op).__name__ in _PARAMETER_SUPPORT:
             continue
-        partial = _partial_observed(rv)
+        partial = partial_observed(rv)
         try:
             # refused with its own reason later
-            _check_elementwise_distribution(rv if partial is None else partial[0], latents)
+            check_elementwise_distribution(rv if partial is None else partial[0], latents)
         except UnsupportedModelError:
             continue
         obs.append(rv)
@@ -1613,74 +1616,6 @@ def _stored_value(var: Variable) -> np.ndarray | None:
     if isinstance(var, TensorSharedVariable):
         return np.asarray(var.get_value(borrow=True))
     return None
-
-
-def _pass_through(op) -> bool:
-    """Ops that leave values unchanged on flat per-instance vectors."""
-    if isinstance(op, DimShuffle):
-        # a squeeze to a scalar keeps the one value it has: _select squeezes a scalar
-        # parameter broadcast by PyMC (ExpandDims of 2 * sigma) before selecting entries,
-        # and the walk refused a likelihood split by data (rho * y[:-1] with a zero in y)
-        # whose scale was an expression of a latent
-        return _left_expanding(op) or not op.new_order  # (PyTensor drops only size-1 axes)
-    return isinstance(op, (ViewOp, SpecifyShape))
-
-
-def _elementwise_nodes(outputs: Sequence[Variable]) -> list:
-    """The nodes reached from ``outputs`` through elementwise and pass-through ops, and those ops' inputs.
-
-    These are the nodes whose values follow a likelihood's entries in numpy's broadcasting
-    order, as the model walk (``_Builder._walk``) reads them.
-    """
-    found, stack, seen = [], list(outputs), set()
-    while stack:
-        var = stack.pop()
-        node = var.owner
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if isinstance(node.op, Elemwise) or _pass_through(node.op):
-            found.append(node)
-            stack.extend(node.inputs)
-    return found
-
-
-def _replace_elementwise(outputs: Sequence[Variable], old: Variable, new: Variable) -> list[Variable]:
-    """``outputs`` with ``old`` replaced by ``new`` along their elementwise paths (``_elementwise_nodes``).
-
-    The nodes above ``old`` are applied again to their new inputs, so that their shapes
-    follow ``new``'s (a branch may broadcast where the switch it replaces did not: a scalar
-    rate under a switch over 110 entries); everything else, the latents included, is kept
-    as it is (a clone would copy the latents, and ``latent_ancestors`` goes by identity).
-    A ``SpecifyShape`` on the way, which would insist on the old shape, is dropped.
-    """
-    memo: dict[Variable, Variable] = {old: new}
-
-    def rebuilt(var: Variable) -> Variable:
-        if var in memo:
-            return memo[var]
-        node = var.owner
-        out = var
-        if node is not None and (isinstance(node.op, Elemwise) or _pass_through(node.op)):
-            inputs = [rebuilt(i) for i in node.inputs]
-            if isinstance(node.op, SpecifyShape):
-                out = inputs[0]
-            elif any(a is not b for a, b in zip(inputs, node.inputs)):
-                out = node.op.make_node(*inputs).outputs[node.outputs.index(var)]
-        memo[var] = out
-        return out
-
-    return [rebuilt(v) for v in outputs]
-
-
-def _left_expanding(op: DimShuffle) -> bool:
-    """A DimShuffle that only adds broadcast axes on the left (numpy broadcasting order)."""
-    order = [o for o in op.new_order]
-    kept = [o for o in order if o != "x"]
-    if kept != sorted(kept) or len(kept) != op.input_ndim:
-        return False
-    first = next((i for i, o in enumerate(order) if o != "x"), len(order))
-    return all(o == "x" for o in order[:first]) and all(o != "x" for o in order[first:])
 
 
 def _slot_scale(a, b) -> float | None:
@@ -1789,742 +1724,3 @@ _MVNORMAL_SUPPORTED = ("latents and likelihoods with a constant covariance (cov=
 _ZERO_SUM_PRECISION = 1e8  # of a ZeroSumNormal's sum: no variance in the model, sd 1e-4 in EP's
 
 
-def _broadcast_mismatch(var: Variable, plate: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The shape of ``var`` if it does not broadcast to ``plate``, else None.
-
-    Used only to give a failed walk its real reason. Shapes follow from the constants, the
-    data and the latents' fixed shapes (no draw); a graph whose shape cannot be evaluated
-    gives None.
-    """
-    try:
-        shape = tuple(int(d) for d in pytensor.function([], var.shape, on_unused_input="ignore")())
-    except Exception:  # noqa: BLE001
-        return None
-    try:
-        return None if np.broadcast_shapes(shape, tuple(plate)) == tuple(plate) else shape
-    except ValueError:  # does not broadcast at all
-        return shape
-
-
-def _gaussian_process_hint(deps: Sequence[Variable], inner: str) -> str:
-    """What to write instead, where a refusal comes from a Gaussian process with latent hyperparameters.
-
-    ``pm.gp.HSGP`` and ``pm.gp.Latent`` with a latent length scale were refused with the
-    operations PyMC builds inside them (``Dot``, ``Prod``, ``Cholesky``), which name neither
-    the construct nor a way out (robustness round 18). With constant hyperparameters both
-    are supported: an HSGP is then a linear regression on its basis functions (exact, or
-    semi-analytic with a latent noise; within 0.09 NUTS sd on a 60-point example), a latent
-    GP ``f = L v`` with a constant Cholesky factor.
-    """
-    names = [d.name for d in deps]
-    coeffs = [n for n in names if n.endswith("_hsgp_coeffs")]
-    if coeffs:
-        hyper = [n for n in names if n not in coeffs]
-        what = ", ".join(hyper) if hyper else "its covariance function's parameters"
-        return (f"; this is pm.gp.HSGP ({coeffs[0]}) with latent hyperparameters ({what}): pmkjit fits an HSGP "
-                "whose covariance function has constant hyperparameters (a linear regression on its basis "
-                f"functions), so fix {what} at constants (e.g. point estimates), or use pm.sample")
-    if "Cholesky" in inner:
-        return ("; a covariance that depends on latents (pm.gp.Latent with a latent length scale or amplitude): "
-                "pmkjit supports pm.gp.Latent and pm.gp.Marginal with constant hyperparameters (fix ls and eta at "
-                "constants, e.g. point estimates), or use pm.sample")
-    return ""
-
-
-class _PartlyConstant(Exception):
-    """The entries ``rows`` of a likelihood's plate need a factor apart from the others.
-
-    Raised where a linear slot is constant in those entries and latent elsewhere, and where
-    a switch on data picks one branch there and the other elsewhere (``_data_switches``).
-    """
-
-    def __init__(self, rows: np.ndarray):
-        super().__init__("partly constant slot")
-        self.rows = rows
-
-
-def _select(param: Variable, plate: tuple[int, ...], mask: np.ndarray) -> Variable:
-    """``param`` broadcast to ``plate``, at the entries ``mask`` (an index lift_indexing can push down).
-
-    A parameter with one value (a scalar, or size-1 axes only) is the same at every entry
-    and is returned as it is: broadcast and indexed, ``pm.Truncated``'s absent bound
-    ``upper=inf`` became a data array of infinities, no longer recognisable as no bound,
-    and EP refused it as an improper point mass mid-fit.
-    """
-    if all(param.type.broadcastable):
-        # squeezed: a (1, 1) parameter beside the selection's 1-D plate failed PyTensor's
-        # runtime broadcasting check
-        return param.squeeze() if param.ndim else param
-    if param.ndim == len(plate) and not any(param.type.broadcastable):
-        return param[pt.constant(mask)]
-    return pt.broadcast_to(param, plate)[pt.constant(mask)]
-
-
-def _mixture_parts(rv: Variable) -> tuple[list[Variable], list[Variable]]:
-    """The weights (one elementwise expression per component) and components of a mixture.
-
-    ``pm.ZeroInflatedPoisson(psi, mu)`` is a mixture of ``DiracDelta(0)`` and
-    ``Poisson(mu)`` with weights ``stack([1 - psi, psi], axis=-1)``; the hurdle
-    likelihoods are the same with a truncated (or continuous) component. Component ``k``'s
-    weight is the stack's ``k``-th input where the weights are a stack, so that the walk
-    sees ``1 - psi``, not an indexing of a vector.
-    """
-    from pytensor.graph.rewriting.utils import rewrite_graph
-    from pytensor.tensor.basic import Join
-
-    node = rv.owner
-    weights, components = node.inputs[1], list(node.inputs[2:])
-    if len(components) == 1:
-        components = _split_batched_component(rv, components[0], weights)
-    K = len(components)
-
-    node_w = weights.owner
-    if node_w is not None and isinstance(node_w.op, Join):
-        # weights that vary by observation, stack([1 - psi, psi], axis=-1) of vectors: a
-        # join of (..., 1) pieces on the last axis, which canonicalize does not index through
-        axis, *pieces = node_w.inputs
-        if (int(evaluate_constant(axis)) % weights.ndim == weights.ndim - 1 and len(pieces) == K
-                and all(p.type.shape[-1] == 1 for p in pieces)):
-            return [rewrite_graph(p[..., 0], include=("canonicalize",)) for p in pieces], components
-    # canonicalize turns stack(...)[..., k] into the k-th stacked expression
-    parts = [rewrite_graph(weights[..., k], include=("canonicalize",)) for k in range(K)]
-    return parts, components
-
-
-def _split_batched_component(rv: Variable, component: Variable, weights: Variable) -> list[Variable]:
-    """``pm.NormalMixture`` and ``pm.Mixture`` with one batched ``comp_dists``, as ``K`` components.
-
-    The component is one elementwise distribution whose last axis is the mixture's
-    (``Normal.dist(mu, sigma)`` with ``mu`` of shape ``(K,)``): component ``k`` is the same
-    distribution with every parameter taken at ``k`` on that axis (or as it is, where the
-    parameter is broadcast along it), which is how PyMC's mixture reads it.
-    """
-    from pytensor.graph.rewriting.utils import rewrite_graph
-
-    op = component.owner.op if component.owner is not None else None
-    K = weights.type.shape[-1] if weights.ndim else None
-    if K is None and weights.ndim and not _reads_a_random_variable(weights):
-        K = int(weights.shape[-1].eval())  # weights from pm.Data: a shared variable of unknown static shape
-    elementwise = ((isinstance(op, RandomVariable) and all(n == 0 for n in op.ndims_params))
-                   or (isinstance(op, SymbolicRandomVariable) and hasattr(op, "rv_op"))) and op.ndim_supp == 0
-    if not elementwise or K is None or K < 2 or component.type.shape[-1] not in (K, None):
-        raise UnsupportedModelError(
-            f"{rv.name}: a mixture of one batched distribution is supported when that distribution is "
-            "elementwise with the mixture's components along its last axis and a fixed number of "
-            f"components (here {type(op).__name__ if op is not None else 'a constant'} with "
-            f"{'an unknown number of' if K is None else K} components); write the components as a list, "
-            "comp_dists=[pm.Normal.dist(mu[0], s), pm.Normal.dist(mu[1], s)]"
-        )
-
-    def at(p: Variable, k: int) -> Variable:
-        if p.ndim == 0:
-            return p
-        part = p[..., 0] if _last_axis_length(p) == 1 else p[..., k]
-        return rewrite_graph(part, include=("canonicalize",))
-
-    params = _dist_params(component)
-    return [_flat_distribution(component, [at(p, k) for p in params]) for k in range(K)]
-
-
-def _last_axis_length(var: Variable) -> int | None:
-    """Length of ``var``'s last axis: static, or inferred from the data it is shaped by (else None).
-
-    A parameter scaled by a ``pm.Data`` column (``sigma=s * x`` with ``x`` of shape ``(N, 1)``)
-    has no static length (shared variables may be resized), but broadcasts along the
-    mixture's axis all the same; taking its entry ``k`` failed with an IndexError.
-    """
-    from pytensor.graph.rewriting.utils import rewrite_graph
-
-    n = var.type.shape[-1]
-    if n is not None:
-        return n
-    # the shape feature reduces the length to the shapes of the inputs it comes from
-    length = rewrite_graph(var.shape[-1], include=("canonicalize", "ShapeOpt"))
-    if _reads_a_random_variable(length):
-        return None
-    return int(length.eval())
-
-
-def _reads_a_random_variable(var: Variable) -> bool:
-    """Whether ``var`` depends on a random variable (a model latent), not only on data."""
-    from pytensor.graph.traversal import ancestors
-
-    return any(a.owner is not None and isinstance(a.owner.op, (RandomVariable, SymbolicRandomVariable))
-               for a in ancestors([var]))
-
-
-def _has_point_masses(rv: Variable) -> bool:
-    """Whether likelihood ``rv`` puts point masses on observed values (censoring, a DiracDelta component)."""
-    op = rv.owner.op
-    if isinstance(op, CensoredRV):
-        return True
-    if isinstance(op, (MixtureRV, _HurdleRV)):
-        components = rv.owner.inputs[2:]  # the weights need not be rewritten for this
-        return any(c.owner is not None and type(c.owner.op).__name__ == "DiracDeltaRV" for c in components)
-    return False
-
-
-def _normal_walk(rv: Variable) -> bool:
-    """Whether ``rv`` is a random walk with a Normal initial value and Normal innovations."""
-    node = rv.owner
-    if type(node.op).__name__ != "RandomWalkRV" or len(node.inputs) < 2:
-        return False
-    return all(d.owner is not None and type(d.owner.op).__name__ == "NormalRV" for d in node.inputs[:2])
-
-
-def _partial_observed(rv: Variable) -> tuple[Variable, np.ndarray] | None:
-    """The whole variable and its observed entries, for the observed part of a partly observed one.
-
-    PyMC imputes the missing entries of a distribution it cannot index (a symbolic one:
-    ``pm.Weibull``, ``pm.Truncated``, a ``pm.CustomDist`` with ``dist=``, ...) with one
-    ``PartialObservedRV`` node over the whole variable, whose outputs are its observed
-    entries ``rv[~mask]`` and its missing ones ``rv[mask]``; a pure distribution (``Normal``,
-    ``Poisson``, ...) gets two separate random variables instead. Returns ``None`` for
-    anything but the observed output of such a node; else the whole variable (a copy of
-    its node, named as the observed variable, for messages and factor names) and the
-    boolean mask of its observed entries.
-    """
-    node = rv.owner
-    if node is None or type(node.op).__name__ != "PartialObservedRV" or node.outputs.index(rv) != 0:
-        return None
-    whole, mask = node.inputs[:2]
-    copy = whole.owner.clone()
-    base = copy.outputs[whole.owner.outputs.index(whole)]
-    base.name = rv.name
-    missing = np.asarray(evaluate_constant(mask), dtype=bool)
-    return base, ~np.broadcast_to(missing, tuple(int(d) for d in evaluate_constant(whole.shape)))
-
-
-def _refuse_partly_missing_rows(rv: Variable, observed: np.ndarray) -> None:
-    """Refuse an observed MvNormal with NaN in some, not all, entries of a row.
-
-    Such a row's likelihood would be exact (the marginal of its observed entries), but PyMC
-    imputes its missing entries through a ``PartialObservedRV`` of the whole variable, and
-    their predictive draws after EP (forward draws of whole rows) would ignore the row's
-    observed entries, which in an MvNormal they depend on.
-
-    Parameters
-    ----------
-    rv : the observed output of the ``PartialObservedRV`` (named ``<name>_observed``)
-    observed : bool array of the whole variable's shape, True where an entry is observed
-    """
-    name = rv.name[: -len("_observed")] if rv.name.endswith("_observed") else rv.name
-    partly = observed.any(axis=-1) & ~observed.all(axis=-1)
-    first = np.argwhere(partly)[0].tolist() if partly.any() else []
-    raise UnsupportedModelError(
-        f"{name}: {int(partly.sum())} rows of this observed MvNormal have some entries missing (NaN) and others "
-        f"observed (the first is row {first}); pmkjit supports rows that are observed whole or missing whole "
-        "(those are drawn from their predictive), since the missing entries of a partly observed row would have "
-        "to be drawn given its observed ones: drop those rows, fill their missing entries, or set the whole row "
-        "to NaN"
-    )
-
-
-def _dist_params(rv: Variable) -> list[Variable]:
-    """The distribution parameters of random variable ``rv``, including ``pm.Truncated``'s.
-
-    PyMC's generic truncation (``pm.Truncated`` of anything but a ``Normal``, which has its
-    own ``TruncatedNormal``) is a symbolic variable without an extended signature, so its
-    ``dist_params`` raised "extended_signature must be provided" from PyMC, naming neither
-    the variable nor the construct. Its inputs are the base distribution's (generator,
-    size, parameters) followed by the bounds; the parameters here are the base's
-    parameters and then ``lower`` and ``upper``.
-
-    Raises
-    ------
-    UnsupportedModelError
-        For a truncation of a distribution that is not a plain ``RandomVariable`` (its
-        inputs are then not laid out as above).
-    """
-    node = rv.owner
-    op = node.op
-    if isinstance(op, (MixtureRV, _HurdleRV)):
-        weights, components = _mixture_parts(rv)
-        return weights + [p for c in components for p in _dist_params(c)]
-    if isinstance(op, CensoredRV):
-        base = node.inputs[0]  # the base distribution's variable, then lower, upper
-        if base.owner is None or not (isinstance(base.owner.op, RandomVariable) or (
-                isinstance(base.owner.op, SymbolicRandomVariable) and hasattr(base.owner.op, "rv_op"))):
-            raise UnsupportedModelError(
-                f"{rv.name}: pm.Censored of {type(base.owner.op).__name__ if base.owner else 'a constant'} is not "
-                "supported (pmkjit reads censorings of PyMC's elementwise distributions such as Normal, Weibull, "
-                "Gamma or Poisson)"
-            )
-        bounds = list(node.inputs[1:3])
-        if any(_reads_a_random_variable(b) for b in bounds):
-            # a latent bound is a model of the censoring itself; the factor would treat the
-            # bound as a parameter of the density (c ~ N(1, 1) with data clipped at c: EP
-            # 1.89 +- 0.39 against the exact truncated Normal's 1.80 +- 0.60, not converged)
-            raise UnsupportedModelError(
-                f"{rv.name}: a pm.Censored bound that depends on a latent variable is not supported; give the "
-                "censoring bounds as data"
-            )
-        return list(base.owner.op.dist_params(base.owner)) + bounds
-    if isinstance(op, TruncatedRV):
-        base = op.base_rv_op
-        if not isinstance(base, RandomVariable) or len(node.inputs) < 4:
-            raise UnsupportedModelError(
-                f"{rv.name}: pm.Truncated of {type(base).__name__} is not supported (pmkjit reads truncations "
-                "of PyMC's elementwise distributions such as Normal, StudentT, Poisson or Gamma)"
-            )
-        return list(node.inputs[2:])  # [rng, size] of the base, then its parameters, lower, upper
-    return list(op.dist_params(node))
-
-
-def _probed_support(rv: Variable) -> type | None:
-    """Beta or Gamma where the log-density of ``rv`` says its support is (0, 1) or (0, inf), else None.
-
-    Probed at -0.5, 0.5, 1.5 and 4 (every element at once), the parameters drawn once from
-    their priors: (0, 1) is finite at 0.5 alone, (0, inf) at all but -0.5. Any failure reads
-    as no bound found (a Gaussian latent, as before).
-    """
-    value = rv.type()
-    try:
-        logp = compile_function([value], pm.logp(rv, value, warn_rvs=False))
-        shape = tuple(int(n) for n in evaluate_constant(rv.shape))
-        with np.errstate(all="ignore"):
-            finite = [bool(np.all(np.isfinite(logp(np.full(shape, v, dtype=rv.dtype))))) for v in (-0.5, 0.5, 1.5, 4.0)]
-    except Exception:  # noqa: BLE001 - a probe, not a requirement
-        return None
-    if finite == [False, True, False, False]:
-        return Beta
-    if finite == [False, True, True, True]:
-        return Gamma
-    return None
-
-
-def _truncated_support(op: TruncatedRV, rv: Variable, lower: np.ndarray | None,
-                       upper: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The support of a latent ``pm.Truncated``: its bounds within its base distribution's support.
-
-    PyMC's transform of ``pm.Truncated(pm.Gamma.dist(2, 1), upper=6)`` is the interval
-    ``(-inf, 6)``, its absent lower bound being minus infinity whatever the base: the
-    refusal said the latent lives on ``(-inf, 6)`` and advised ``6 - `` a positive latent,
-    which would be negative where the truncated Gamma is not. A positive base (a log
-    transform) bounds it below by 0, a unit-interval one (log-odds) by 0 and 1; a
-    ``pm.Truncated(pm.Gamma.dist(...), lower=0)`` or a positive base truncated below at 0
-    is then an ordinary positive latent.
-    """
-    try:
-        base = type(_default_transform(op.base_rv_op, rv)).__name__ if _default_transform is not None else None
-    except Exception:  # noqa: BLE001 - a base whose transform needs its own parameters: the bounds as given
-        return lower, upper
-    if base in ("LogTransform", "LogOddsTransform"):
-        lower = np.zeros(()) if lower is None else np.maximum(lower, 0.0)
-    if base == "LogOddsTransform":
-        upper = np.ones(()) if upper is None else np.minimum(upper, 1.0)
-    return lower, upper
-
-
-def _distribution_label(op) -> str:
-    """How the user wrote ``op``'s distribution, for messages.
-
-    ``"pm.Truncated of StudentTRV"``, ``"pm.AR (AutoRegressiveRV)"`` (op names that do not
-    say which constructor built them), else the op's name.
-    """
-    opname = type(op).__name__
-    if isinstance(op, TruncatedRV):
-        return f"pm.Truncated of {type(op.base_rv_op).__name__}"
-    if isinstance(op, CensoredRV):
-        return "pm.Censored"
-    if opname in _TIME_SERIES:
-        return f"{_TIME_SERIES[opname][0]} ({opname})"
-    if opname in _OF_DISTRIBUTIONS:
-        return f"{opname} ({_OF_DISTRIBUTIONS[opname]})"
-    return opname
-
-
-def _check_elementwise_distribution(rv: Variable, latents: Sequence[Variable] = ()) -> None:
-    """Refuse, before its parameters are walked, a distribution that is not elementwise.
-
-    A parameter that *is* one of the model's latent variables (``alpha=a`` of a
-    ``pm.Weibull``, whose symbolic parameters are not broadcast copies) is an ordinary
-    parameter, not a distribution passed as a parameter.
-    """
-    op = rv.owner.op
-    if isinstance(op, (CustomSymbolicDistRV, SimulatorRV)):
-        return
-    name = type(op).__name__
-    dists = (RandomVariable, SymbolicRandomVariable)
-    model_rvs = set(latents)
-    if any(p.owner is not None and isinstance(p.owner.op, dists) and p not in model_rvs
-           for p in _dist_params(rv)):
-        raise UnsupportedModelError(
-            f"{rv.name}: {_distribution_label(op)} takes another distribution as a parameter; pmkjit needs an "
-            "elementwise distribution whose parameters are expressions of the latents (pm.Censored, pm.Truncated "
-            "and mixtures of elementwise distributions, e.g. zero-inflated and hurdle likelihoods, are read): "
-            "fit this model with pm.sample"
-        )
-    if isinstance(op, (MixtureRV, _HurdleRV)):
-        # elementwise mixtures (zero-inflated, hurdle): the weights' core axis is split
-        # into one expression per component by _dist_params
-        for c in _mixture_parts(rv)[1]:
-            if c.owner is None or getattr(c.owner.op, "ndim_supp", 0) != 0:
-                raise UnsupportedModelError(f"{rv.name}: a mixture of multivariate components is not supported")
-        return
-    if getattr(op, "ndim_supp", 0) != 0 or any(n != 0 for n in (getattr(op, "ndims_params", None) or [])):
-        # pm.OrderedLogistic / OrderedProbit are Categorical underneath: say so, the user
-        # never wrote "Categorical"
-        hint = (" (pm.Categorical, pm.OrderedLogistic and pm.OrderedProbit: a categorical outcome's "
-                "probabilities are a vector per observation; pmkjit reads an observed pm.Categorical with "
-                "p=pm.math.softmax(eta, axis=-1) or logit_p=eta)" if name == "CategoricalRV" else "")
-        raise UnsupportedModelError(
-            f"{rv.name}: {name} is not an elementwise distribution (its parameters have core dimensions){hint}"
-        )
-
-
-def _unbroadcast(p: Variable) -> Variable:
-    """``p`` without pass-through ops and leading broadcast axes (``softmax(a)`` of one vector ``a``
-    broadcast to every observation, intercepts only)."""
-    while p.owner is not None and (_pass_through(p.owner.op) or (
-            isinstance(p.owner.op, DimShuffle) and _left_expanding(p.owner.op))):
-        p = p.owner.inputs[0]
-    return p
-
-
-def _softmax_input(p: Variable) -> Variable | None:
-    """``eta`` if ``p`` is ``softmax(eta)`` along its last axis, else None."""
-    node = p.owner
-    if node is None or type(node.op).__name__ != "Softmax":
-        return None
-    axis = getattr(node.op, "axis", None)
-    return node.inputs[0] if axis is None or axis % p.ndim == p.ndim - 1 else None
-
-
-def _last_axis_columns(var: Variable) -> list[Variable]:
-    """``var[..., k]`` for every ``k`` of its last axis, simplified (a join's ``k``-th piece)."""
-    from pytensor.graph.rewriting.utils import rewrite_graph
-
-    K = var.type.shape[-1]
-    if K is None:
-        K = int(np.asarray(evaluate_constant(var.shape[-1])))
-    return [lift_indexing(rewrite_graph(var[..., k], include=("canonicalize",))) for k in range(K)]
-
-
-def _entries(columns: list, y: np.ndarray, mask: np.ndarray | None, rows) -> tuple[list, np.ndarray]:
-    """A categorical's per-class columns at its observed rows, then at the entries ``mask``.
-
-    ``rows``: ``(n_full, index)`` where the probabilities were those of a whole variable
-    with missing values (``index`` selects the observed rows), else None.
-    """
-    if rows is not None:
-        n_full, index = rows
-        columns = [lift_indexing(_select(c, (n_full,), index)) for c in columns]
-    if mask is not None:
-        columns = [lift_indexing(_select(c, y.shape, mask)) for c in columns]
-        y = y[mask]
-    return columns, y
-
-
-def _ordinal_parts(p: Variable) -> tuple[Variable, Variable, object] | None:
-    """``(eta, cutpoints, compute_p)`` if ``p`` is an ordinal outcome's class probabilities, else None.
-
-    PyMC builds ``pm.OrderedLogistic``'s from ``sigmoid(cutpoints - eta[..., None])`` and
-    ``pm.OrderedProbit``'s from ``eta[..., None] - cutpoints`` (``compute_p`` of each). The
-    candidate operands are taken from the graph and the whole ``p`` is checked numerically
-    against ``compute_p`` of them at random values, so a look-alike graph is not mistaken
-    for one (an ``OrderedProbit`` with ``sigma`` other than 1 is not recognised).
-    """
-    from pymc.distributions.discrete import OrderedLogistic, OrderedProbit
-    from pytensor.graph.traversal import ancestors
-
-    def padded(v: Variable) -> Variable | None:
-        node = v.owner
-        if node is not None and isinstance(node.op, DimShuffle) and node.op.new_order[-1] == "x":
-            return node.inputs[0]
-        return None
-
-    candidates = []
-    for v in ancestors([p]):
-        node = v.owner
-        if node is None or not isinstance(node.op, Elemwise) or type(node.op.scalar_op).__name__ != "Sub":
-            continue
-        a, b = node.inputs
-        if padded(b) is not None:  # cutpoints - eta[..., None], under a sigmoid
-            candidates.append((padded(b), a, OrderedLogistic.compute_p))
-        if padded(a) is not None:  # eta[..., None] - cutpoints
-            candidates.append((padded(a), b, lambda e, c: OrderedProbit.compute_p(e, c, 1.0)))
-    rng = np.random.default_rng(0)
-    for eta, cutpoints, compute_p in candidates:
-        e, c = eta.type(), cutpoints.type()
-        try:
-            same = pytensor.clone_replace(p, {eta: e, cutpoints: c})
-            if any(a.owner is not None and isinstance(a.owner.op, RandomVariable) for a in ancestors([same])):
-                continue
-            f = compile_function([e, c], [same, compute_p(e, c)])
-            shape_e = tuple(1 if n is None else n for n in eta.type.shape)
-            shape_c = tuple(3 if n is None else n for n in cutpoints.type.shape)
-            got, want = f(rng.normal(size=shape_e), np.sort(rng.normal(size=shape_c), axis=-1))
-        except Exception:  # noqa: BLE001 - any failure means "not this candidate"
-            continue
-        if np.shape(got) == np.shape(want) and np.allclose(got, want):
-            return eta, cutpoints, compute_p
-    return None
-
-
-def _bound(value: np.ndarray | None, default: float) -> str:
-    """A scalar interval bound as printed in a message (``default`` where there is none)."""
-    return f"{float(default if value is None else value.reshape(())):g}"
-
-
-_NO_BOUND = 1e150  # an infinite censoring bound as data (its square is finite)
-
-
-def _infinite_constant(var: Variable) -> bool:
-    """Whether ``var`` is a constant whose entries are all infinite (an absent truncation bound)."""
-    return isinstance(var, Constant) and np.all(np.isinf(np.asarray(var.data, dtype=float)))
-
-
-def _flat_distribution(rv: Variable, flat_params: list) -> Variable:
-    """``rv``'s distribution with its parameters replaced by flat vectors (size from them)."""
-    with warnings.catch_warnings():
-        # PyMC's truncation of a discrete base (pm.Truncated, the hurdle count likelihoods)
-        # builds a scan the old way: the DeprecationWarning is PyMC's, already raised when
-        # the model was written, not the user's to act on
-        warnings.filterwarnings("ignore", "Scan return signature will change", DeprecationWarning)
-        return _rebuilt(rv, flat_params)
-
-
-def _rebuilt(rv: Variable, flat_params: list) -> Variable:
-    node = rv.owner
-    op = node.op
-    if isinstance(op, CustomSymbolicDistRV):
-        f = _change_dist_size.dispatch(type(op))
-        closure = dict(zip(f.__code__.co_freevars, (c.cell_contents for c in f.__closure__ or ())))
-        if "dist" not in closure:
-            raise UnsupportedModelError(f"{rv.name}: cannot rebuild this CustomDist for batched evaluation")
-        return pm.CustomDist.dist(*flat_params, dist=closure["dist"], class_name=type(op).__name__)
-    if isinstance(op, (MixtureRV, _HurdleRV)):
-        # as laid out by _dist_params: one weight per component, then each one's parameters
-        _, components = _mixture_parts(rv)
-        weights, rest = flat_params[: len(components)], list(flat_params[len(components):])
-        rebuilt = []
-        for c in components:
-            original = _dist_params(c)
-            # the walk hands constants back as floats; DiracDelta(0) of a count likelihood
-            # must stay an integer, or PyMC refuses to mix discrete and continuous components
-            flat = [pt.cast(f, o.dtype) if o.dtype.startswith(("int", "uint")) else f
-                    for f, o in zip(rest[: len(original)], original)]
-            rebuilt.append(_flat_distribution(c, flat))
-            rest = rest[len(original):]
-        w = pt.stack([pt.as_tensor_variable(x) for x in weights], axis=-1)
-        return (_Hurdle if isinstance(op, _HurdleRV) else Mixture).dist(w, rebuilt)
-    if isinstance(op, CensoredRV):
-        # as laid out by _dist_params: the base's parameters, then the bounds; an absent
-        # bound (the constant -inf or inf) is passed as none, as for pm.Truncated below
-        *base_params, lower, upper = flat_params
-        lower, upper = (None if _infinite_constant(orig) else flat
-                        for flat, orig in zip((lower, upper), node.inputs[1:3]))
-        return pm.Censored.dist(_rebuilt(node.inputs[0], base_params), lower=lower, upper=upper)
-    if isinstance(op, TruncatedRV):
-        # parameters as laid out by _dist_params: the base distribution's, then the bounds
-        *base_params, lower, upper = flat_params
-        # An absent bound is the constant -inf or inf. Broadcast to the batch it is no longer
-        # a constant, and PyMC's truncated log-density then evaluates the base's logcdf at
-        # inf, NaN for a StudentT: every entry's density was NaN and EP silently returned
-        # the prior (a truncated StudentT regression, N = 70: posterior = prior after 1 sweep,
-        # reported as converged). An infinite constant bound is passed as no bound.
-        lower, upper = (None if _infinite_constant(orig) else flat
-                        for flat, orig in zip((lower, upper), node.inputs[-2:]))
-        base = op.base_rv_op(*base_params)
-        return pm.Truncated.dist(base, lower=lower, upper=upper, max_n_steps=op.max_n_steps)
-    if isinstance(op, SymbolicRandomVariable) and not isinstance(op, SimulatorRV) and hasattr(op, "rv_op"):
-        # PyMC's own symbolic distributions (HalfCauchy, HalfStudentT, Weibull, ...): rebuilt by
-        # their constructor from the flat parameters, when they are elementwise
-        if op.ndim_supp != 0 or any(n != 0 for n in (op.ndims_params or [1])):
-            raise UnsupportedModelError(f"{rv.name}: {type(op).__name__} is not an elementwise distribution")
-        try:
-            return type(op).rv_op(*flat_params, size=None)
-        except TypeError as err:
-            raise UnsupportedModelError(
-                f"{rv.name}: distribution {type(op).__name__} cannot be rebuilt for batched evaluation ({err})"
-            ) from None
-    if isinstance(op, RandomVariable):
-        if op.ndim_supp != 0 or any(n != 0 for n in op.ndims_params):
-            raise UnsupportedModelError(f"{rv.name}: {type(op).__name__} is not an elementwise distribution")
-        params = _dist_params(rv)
-        size = op.size_param(node)
-        new_inputs = []
-        for x in node.inputs:
-            r = x
-            for p, fp in zip(params, flat_params):
-                if x is p:
-                    r = fp
-            if x is size:
-                r = NoneConst
-            new_inputs.append(r)
-        new = node.clone_with_new_inputs(new_inputs, strict=False)
-        return new.outputs[node.outputs.index(rv)]
-    raise UnsupportedModelError(
-        f"{rv.name}: distribution {type(op).__name__} cannot be rebuilt for batched evaluation "
-        "(supported: elementwise PyMC distributions, pm.CustomDist with dist=..., pm.Simulator)"
-    )
-
-
-# how to write the commonest multivariate likelihoods elementwise (robustness round 17: an
-# observed pm.AR or pm.GaussianRandomWalk was refused with "write it elementwise" alone,
-# though each is a Normal of every value given the ones before it, which EP fits exactly
-# with a constant scale and semi-analytically with a latent one)
-_ELEMENTWISE_HINTS = {
-    "AutoRegressiveRV": (
-        ": an AR(p) series is a Normal of each value given the p before it, e.g. for AR(1) "
-        "pm.Normal(\"{name}\", rho * y[:-1], sigma, observed=y[1:]) (add the constant c + ... if "
-        "constant=True, and the first values' init_dist as its own observation if it matters)"
-    ),
-    "RandomWalkRV": (
-        ": a random walk observed is its increments, for a GaussianRandomWalk "
-        "pm.Normal(\"{name}_diff\", mu, sigma, observed=np.diff(y)) (pm.RandomWalk: its innovation "
-        "distribution; and the first value's init_dist as "
-        "pm.Normal(\"{name}_0\", ..., observed=y[0])); a latent pm.GaussianRandomWalk read by a likelihood "
-        "is supported"
-    ),
-}
-
-
-def _recognise_link(g: Variable, inputs: list) -> object:
-    """The numpy form of ``g`` when it is a known link of its one input, else None.
-
-    ``sigmoid(u)`` -> ``scipy.special.expit``, ``exp(u)`` -> ``numpy.exp`` and
-    ``0.5 * erfc(u)`` (``pm.math.invprobit`` once its ``-1/sqrt(2)`` is folded into the
-    linear predictor) -> :func:`pmkjit.links.half_erfc`, ``1 - exp(-exp(u))`` and
-    ``-expm1(-exp(u))`` (complementary log-log) -> :func:`pmkjit.links.cloglog_inverse`;
-    quadrature then evaluates the
-    output's logit or log stably (:mod:`pmkjit.links`).
-    """
-    from scipy import special
-
-    if len(inputs) != 1 or g.owner is None or not isinstance(g.owner.op, Elemwise):
-        return None
-    name = type(g.owner.op.scalar_op).__name__
-    args = g.owner.inputs
-    if len(args) == 1 and args[0] is inputs[0]:
-        return {"Sigmoid": special.expit, "Exp": np.exp}.get(name)
-    if name == "Mul" and len(args) == 2:
-        for half, other in (args, args[::-1]):
-            if (other.owner is not None and isinstance(other.owner.op, Elemwise)
-                    and type(other.owner.op.scalar_op).__name__ == "Erfc" and other.owner.inputs[0] is inputs[0]):
-                try:
-                    value = pt.get_underlying_scalar_constant_value(half)
-                except NotScalarConstantError:
-                    continue
-                if value == 0.5:
-                    return half_erfc
-    if _is_cloglog_inverse(g, inputs[0]):
-        return cloglog_inverse
-    return None
-
-
-def _scalar_op_name(v: Variable) -> str | None:
-    """The scalar op's class name of an elementwise ``v`` (``"Exp"``, ``"Neg"``), else None."""
-    if v.owner is None or not isinstance(v.owner.op, Elemwise):
-        return None
-    return type(v.owner.op.scalar_op).__name__
-
-
-def _is_constant(v: Variable, value: float) -> bool:
-    try:
-        return float(pt.get_underlying_scalar_constant_value(v)) == value
-    except NotScalarConstantError:
-        return False
-
-
-def _is_neg_exp_of(v: Variable, u: Variable) -> bool:
-    """``v`` is ``-exp(u)`` (``Neg`` or a product with -1)."""
-    name = _scalar_op_name(v)
-    if name == "Neg":
-        inner = v.owner.inputs[0]
-    elif name == "Mul" and len(v.owner.inputs) == 2:
-        a, b = v.owner.inputs
-        inner = b if _is_constant(a, -1.0) else a if _is_constant(b, -1.0) else None
-        if inner is None:
-            return False
-    else:
-        return False
-    return _scalar_op_name(inner) == "Exp" and inner.owner.inputs[0] is u
-
-
-def _is_cloglog_inverse(g: Variable, u: Variable) -> bool:
-    """``g`` is ``1 - exp(-exp(u))`` or ``-expm1(-exp(u))`` (the complementary log-log link)."""
-    name = _scalar_op_name(g)
-    if name == "Sub":
-        one, e = g.owner.inputs
-        return _is_constant(one, 1.0) and _scalar_op_name(e) == "Exp" and _is_neg_exp_of(e.owner.inputs[0], u)
-    if name == "Neg":
-        e = g.owner.inputs[0]
-        return _scalar_op_name(e) == "Expm1" and _is_neg_exp_of(e.owner.inputs[0], u)
-    return False
-
-
-def _describe(g: Variable) -> str:
-    ops = []
-    node = g.owner
-    while node is not None and len(ops) < 4:
-        ops.append(type(getattr(node.op, "scalar_op", node.op)).__name__.lower())
-        node = node.inputs[0].owner if node.inputs else None
-    return "(".join(ops) + "(...)" + ")" * max(len(ops) - 1, 0) if ops else "identity"
-
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _graph_key(out: Variable, inputs: list, extra: Sequence = ()) -> str:
-    """A hash of the graph's structure (ops and constants), independent of names.
-
-    ``extra``: further graphs (the factor's log-density) or strings (a simulator's
-    fingerprint) that distinguish factors with the same sampling graph.
-    """
-    text = pytensor.printing.debugprint(out, file="str", print_type=True, id_type="")
-    for e in extra:
-        text += "\n" + (e if isinstance(e, str) else pytensor.printing.debugprint(e, file="str", print_type=True,
-                                                                                  id_type=""))
-    # a random variable's generator prints with its memory address ("RNG(<Generator(PCG64)
-    # at 0x7f...>)"), different in every model and process: without this the key changed
-    # with every fit and stored operators of sampled factors were never found again
-    text = _ADDRESS.sub("", text)
-    for i, v in enumerate(inputs):
-        text = text.replace(v.name, f"in{i}")
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def _has_no_random(op) -> bool:
-    """A ``pm.CustomDist`` made without ``random=`` (PyMC's placeholder raises when sampled)."""
-    fn = getattr(type(op), "_random_fn", None)
-    fn = getattr(fn, "__func__", fn)
-    return getattr(fn, "__qualname__", "") == "default_not_implemented.<locals>.func"
-
-
-def _function_fingerprint(fn) -> str:
-    """The code, constants, defaults and closure values of a Python function (best effort)."""
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return repr(fn)
-    cells = []
-    for c in fn.__closure__ or ():
-        try:
-            cells.append(repr(c.cell_contents))
-        except ValueError:  # an empty cell
-            cells.append("<empty>")
-    return "|".join([getattr(fn, "__module__", "") or "", fn.__qualname__, code.co_code.hex(), repr(code.co_consts),
-                     repr(code.co_names), repr(getattr(fn, "__defaults__", None)), *cells])
-
-
-def _simulator_fingerprint(op) -> str:
-    """What makes one ``pm.Simulator`` differ from another with the same parameter graph."""
-    parts = [_function_fingerprint(op.fn)]
-    for attr in ("distance", "sum_stat"):
-        v = getattr(op, attr, None)
-        parts.append(v if isinstance(v, str) else _function_fingerprint(v) if callable(v) else repr(v))
-    eps = getattr(op, "epsilon", None)
-    eps = getattr(eps, "data", eps)
-    parts.append(repr(np.asarray(eps).tolist()) if eps is not None else "None")
-    return _ADDRESS.sub("", "simulator:" + "|".join(parts))
-
-
-def _abc_bandwidth(op, observed: np.ndarray) -> float:
-    eps = getattr(op, "epsilon", None)
-    if eps is not None:
-        value = np.asarray(eps.data if isinstance(eps, (Constant, TensorSharedVariable)) else eps, dtype=float)
-        if value.size >= 1:
-            return float(value.ravel()[0])
-    return float(0.1 * np.std(observed) + 1e-8)

@@ -98,9 +98,9 @@ def rescale_uniform_intervals(model: pm.Model) -> tuple[pm.Model, list[str]]:
             # within its base's support: pm.Truncated(pm.Gamma.dist(2, 1), upper=6) has the
             # transform (-inf, 6) but lives on (0, 6); as 6 - v with a positive v, EP's Gamma
             # message of v would reach past 6 and x below 0
-            from pmkjit.graph.build import _truncated_support
+            from pmkjit.graph.distributions import truncated_support
 
-            lo, hi = _truncated_support(rv.owner.op, rv, lo, hi)
+            lo, hi = truncated_support(rv.owner.op, rv, lo, hi)
         lo = None if lo is None or np.all(np.isneginf(lo)) else lo
         hi = None if hi is None or np.all(np.isposinf(hi)) else hi
         if lo is None and hi is None or any(b is not None and not np.all(np.isfinite(b)) for b in (lo, hi)):

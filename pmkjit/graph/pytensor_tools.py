@@ -17,6 +17,9 @@ from pytensor.compile.mode import Mode
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.traversal import ancestors
 from pytensor.graph.replace import clone_replace, vectorize_graph
+from pytensor.compile.ops import ViewOp
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.shape import SpecifyShape
 
 __all__ = ["compile_function", "latent_ancestors", "affine_coefficients", "evaluate_constant",
            "parameter_checks_to_ninf", "lift_indexing", "drop_outputs"]
@@ -323,3 +326,71 @@ def _expanded(var: Variable) -> Variable | None:
     if kept != list(range(node.inputs[0].ndim)):
         return None  # a transpose or a dropped axis
     return node.inputs[0]
+
+
+def pass_through(op) -> bool:
+    """Ops that leave values unchanged on flat per-instance vectors."""
+    if isinstance(op, DimShuffle):
+        # a squeeze to a scalar keeps the one value it has: select_entries squeezes a scalar
+        # parameter broadcast by PyMC (ExpandDims of 2 * sigma) before selecting entries,
+        # and the walk refused a likelihood split by data (rho * y[:-1] with a zero in y)
+        # whose scale was an expression of a latent
+        return left_expanding(op) or not op.new_order  # (PyTensor drops only size-1 axes)
+    return isinstance(op, (ViewOp, SpecifyShape))
+
+
+def elementwise_nodes(outputs: Sequence[Variable]) -> list:
+    """The nodes reached from ``outputs`` through elementwise and pass-through ops, and those ops' inputs.
+
+    These are the nodes whose values follow a likelihood's entries in numpy's broadcasting
+    order, as the model walk (``_Builder._walk``) reads them.
+    """
+    found, stack, seen = [], list(outputs), set()
+    while stack:
+        var = stack.pop()
+        node = var.owner
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node.op, Elemwise) or pass_through(node.op):
+            found.append(node)
+            stack.extend(node.inputs)
+    return found
+
+
+def replace_elementwise(outputs: Sequence[Variable], old: Variable, new: Variable) -> list[Variable]:
+    """``outputs`` with ``old`` replaced by ``new`` along their elementwise paths (``elementwise_nodes``).
+
+    The nodes above ``old`` are applied again to their new inputs, so that their shapes
+    follow ``new``'s (a branch may broadcast where the switch it replaces did not: a scalar
+    rate under a switch over 110 entries); everything else, the latents included, is kept
+    as it is (a clone would copy the latents, and ``latent_ancestors`` goes by identity).
+    A ``SpecifyShape`` on the way, which would insist on the old shape, is dropped.
+    """
+    memo: dict[Variable, Variable] = {old: new}
+
+    def rebuilt(var: Variable) -> Variable:
+        if var in memo:
+            return memo[var]
+        node = var.owner
+        out = var
+        if node is not None and (isinstance(node.op, Elemwise) or pass_through(node.op)):
+            inputs = [rebuilt(i) for i in node.inputs]
+            if isinstance(node.op, SpecifyShape):
+                out = inputs[0]
+            elif any(a is not b for a, b in zip(inputs, node.inputs)):
+                out = node.op.make_node(*inputs).outputs[node.outputs.index(var)]
+        memo[var] = out
+        return out
+
+    return [rebuilt(v) for v in outputs]
+
+
+def left_expanding(op: DimShuffle) -> bool:
+    """A DimShuffle that only adds broadcast axes on the left (numpy broadcasting order)."""
+    order = [o for o in op.new_order]
+    kept = [o for o in order if o != "x"]
+    if kept != sorted(kept) or len(kept) != op.input_ndim:
+        return False
+    first = next((i for i, o in enumerate(order) if o != "x"), len(order))
+    return all(o == "x" for o in order[:first]) and all(o != "x" for o in order[first:])

@@ -1,0 +1,458 @@
+"""Warnings about a fitted EP posterior: checks of EP's answer against cheap independent laws.
+
+EP's own convergence says nothing about the correlations its factorised messages drop,
+nor about a poor mode; these checks compare EP's marginals with a 2-D grid of the law a
+joint site would give, look for mixture components on top of each other, and look for
+posterior draws that make observations impossible.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import arviz as az
+import numpy as np
+import pymc as pm
+from pytensor.graph.traversal import ancestors
+
+from pmkjit.ep import engine
+from pmkjit.ep.conditional import ConditionalDraws
+from pmkjit.ep.mixture import overlapping_components
+from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
+
+
+def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float = 0.8) -> None:
+    """Warn where a likelihood of two shared latents correlates them strongly.
+
+    EP gives each latent its own message, so the posterior correlation of two latents read
+    together is left out, and each marginal is about as narrow as the other's conditional:
+    sds about ``sqrt(1 - rho**2)`` of the exact ones. Two parametrisations users write
+    for counts came out so, converged and silently (robustness round 16):
+    ``pm.NegativeBinomial(n=n, p=p)`` with latent ``n`` and ``p`` (0.32 of NUTS's sds) and
+    ``pm.BetaBinomial(alpha=a, beta=b)`` with latent ``a`` and ``b`` (0.46). Where every
+    instance reads the same two scalars (ElementSlots of one element, or LinearSlots of one
+    projection), the likelihood summed over its instances is their joint log-likelihood;
+    times the factor's cavity (EP's posterior without this factor's sites) it is the law a
+    joint site would give, computed on a 2-D grid in the latents' unconstrained coordinates
+    (:func:`_joint_law`), whose correlation and marginal sds are compared with EP's. Where
+    the grid cannot be made (an improper cavity, too many instances) ``rho`` is read from
+    the curvature of the summed likelihood at EP's posterior means instead, by central
+    differences. The curvature at one point alone missed a banana-shaped likelihood:
+    ``pm.Rice(nu, sigma)`` with both latent (N = 80, robustness round 17) gave -0.50 there,
+    no warning, and EP's sds were 0.45 and 0.56 of NUTS's (the joint law: correlation -0.8).
+    """
+    h = 1e-3
+    steps = np.array([(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)], dtype=float) * h
+    for fi, f in enumerate(graph.factors):
+        if f.kind != "likelihood" or f.analytic is not None or f.logp is None or f.pair_slots \
+                or len(f.latent_inputs) != 2 or f.observed is None:
+            continue
+        values, moves, names, points = [], [], [], []
+        for i, slot in enumerate(f.inputs):
+            if i not in f.latent_inputs:
+                values.append(np.asarray(slot.values, dtype=float))
+                continue
+            if isinstance(slot, ElementSlot):
+                if not np.all(slot.index == slot.index[0]):
+                    break
+                fam = slot.family
+                x = fam.from_natural(state.element_natural[slot.variable][slot.index[0]]).mean()
+                u = float(fam.to_unconstrained(np.asarray(x)))
+                values.append(None)
+                moves.append(lambda d, _u=u, _fam=fam, _n=slot.size: np.broadcast_to(
+                    _fam.from_unconstrained(_u + d)[:, None], (d.size, _n)))
+                points.append(lambda xs, _n=slot.size: np.broadcast_to(xs[:, None], (xs.size, _n)))
+                names.append(slot.variable)
+            elif isinstance(slot, LinearSlot):
+                A = np.asarray(slot.A)
+                if not np.allclose(A, A[:1]) or not np.any(A[0]):
+                    break
+                eta = A @ np.asarray(state.mu) + slot.c
+                values.append(None)
+                moves.append(lambda d, _eta=eta: _eta[None, :] + d[:, None])
+                points.append(lambda xs, _c=eta - eta[0]: xs[:, None] + _c[None, :])
+                names.append(slot.label)
+            else:
+                break
+        else:
+            joint = _joint_law(graph, state, fi, f, values, points)
+            if joint is not None:
+                rho, ratios = joint
+                if abs(rho) > threshold or min(ratios) < sd_ratio:
+                    warnings.warn(
+                        f"{f.name}: the likelihood correlates {names[0]} and {names[1]} at about {rho:.2f} (their "
+                        "joint law under this likelihood, on a grid), which EP's separate messages for them leave "
+                        f"out: EP's posterior sds of {names[0]} and {names[1]} are {ratios[0]:.2f} and "
+                        f"{ratios[1]:.2f} of that law's (NegativeBinomial(n=n, p=p) with latent n and p: 0.32 of "
+                        "NUTS's). A parametrisation with less correlated parameters (a mean and a dispersion: "
+                        "NegativeBinomial(mu, alpha), BetaBinomial(mu * kappa, (1 - mu) * kappa)) fits better; or "
+                        "compare with pm.sample",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+                continue
+            try:
+                with np.errstate(all="ignore"):
+                    k = iter(range(2))
+                    ins = tuple(m(steps[:, next(k)]) if v is None else np.broadcast_to(v, (len(steps), v.size))
+                                for v, m in _zip_moves(values, moves))
+                    y = np.broadcast_to(np.asarray(f.observed, dtype=float), (len(steps), f.observed.size))
+                    ll = np.sum(f.logp(np.ascontiguousarray(y), tuple(np.ascontiguousarray(a) for a in ins)), axis=1)
+                ll = np.asarray(ll, dtype=float).reshape(3, 3)
+            except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
+                continue
+            h11 = (ll[2, 1] - 2 * ll[1, 1] + ll[0, 1]) / h**2
+            h22 = (ll[1, 2] - 2 * ll[1, 1] + ll[1, 0]) / h**2
+            h12 = (ll[2, 2] - ll[2, 0] - ll[0, 2] + ll[0, 0]) / (4 * h**2)
+            if not (np.isfinite([h11, h22, h12]).all() and h11 < 0 and h22 < 0):
+                continue
+            rho = h12 / np.sqrt(h11 * h22)  # the correlation of the inverse of the precision -H
+            if abs(rho) > threshold:
+                warnings.warn(
+                    f"{f.name}: the likelihood correlates {names[0]} and {names[1]} at about {rho:.2f} (its "
+                    "curvature at EP's posterior means), which EP's separate messages for them leave out: their "
+                    f"posterior sds may be about {np.sqrt(max(0.0, 1 - rho**2)):.2f} of the exact ones "
+                    "(NegativeBinomial(n=n, p=p) with latent n and p: 0.32 of NUTS's). A parametrisation with less "
+                    "correlated parameters (a mean and a dispersion: NegativeBinomial(mu, alpha), "
+                    "BetaBinomial(mu * kappa, (1 - mu) * kappa)) fits better; or compare with pm.sample",
+                    UserWarning,
+                    stacklevel=3,
+                )
+
+
+def warn_correlated_hyperparameters(graph, state, rng, threshold: float = 0.6, sd_ratio: float = 0.8,
+                                     n_draws: int = 32, n_grid: int = 61, max_evaluations: float = 2e7) -> None:
+    """Warn where a prior's two shared latent parameters are strongly correlated a posteriori.
+
+    The hyperparameters of a prior read by many latents (``theta_i ~ Gamma(alpha, beta)``,
+    the BUGS pumps model) are inputs of every instance of the prior factor, whose sites
+    drop their posterior correlation, as a likelihood's do (see
+    :func:`warn_correlated_pairs`): EP's sds of ``alpha`` and ``beta`` were 0.70 and 0.72 of
+    NUTS's, converged and without a warning (robustness round 18). The law checked is
+    their cavity (EP's marginals without this factor's sites) times the prior's log-density
+    averaged over ``n_draws`` draws of each instance's latent from its EP marginal (the
+    mean-field law of the two given the latents), on a grid in their unconstrained
+    coordinates as in :func:`_joint_law`; its correlation and marginal sds are compared
+    with EP's. Instances beyond ``max_evaluations / (n_grid**2 * n_draws)`` are subsampled
+    and their sum scaled up.
+    """
+    for fi, f in enumerate(graph.factors):
+        if f.kind != "prior" or f.logp is None or f.analytic is not None or len(f.latent_inputs) != 2 \
+                or len(f.inputs) != 2 or f.size < 2 or not isinstance(f.output, (ElementSlot, LinearSlot)):
+            continue
+        if not all(isinstance(s, ElementSlot) and np.all(s.index == s.index[0]) for s in f.inputs):
+            continue
+        marg = engine._marginals(graph, None, state, f)
+        cavities, ep_sd, centre, half = [], [], [], []
+        for k in range(2):
+            m = marg[k][:1]
+            c = type(m).from_natural(m.natural - np.sum(np.asarray(state.sites[fi][k], dtype=float), axis=0))
+            um, uv = m.unconstrained_moments()
+            if not (np.all(c.is_proper()) and np.isfinite(um).all() and np.isfinite(uv).all() and uv[0] > 0):
+                break
+            cavities.append(c)
+            ep_sd.append(float(np.sqrt(m.var()[0])))
+            centre.append(float(um[0]))
+            half.append(12.0 * float(np.sqrt(uv[0])))
+        else:
+            out = marg[2]
+            rows = np.arange(f.size)
+            keep = int(max(1, min(f.size, max_evaluations // (n_grid * n_grid * n_draws))))
+            if keep < f.size:
+                rows = np.sort(rng.choice(f.size, keep, replace=False))
+            with np.errstate(all="ignore"):
+                draws = np.asarray(out[rows].sample(rng, n_draws), dtype=float).T.reshape(-1)  # (rows * draws,)
+            scale = f.size / rows.size / n_draws
+
+            def law(lo, hi, n):
+                us = [np.linspace(lo[k], hi[k], n[k]) for k in range(2)]
+                xs = [type(cavities[k]).from_unconstrained(us[k]) for k in range(2)]
+                logd = np.empty((n[0], n[1]))
+                with np.errstate(all="ignore"):
+                    for a in range(n[0]):
+                        ins = (np.full((n[1], draws.size), xs[0][a]), np.repeat(xs[1][:, None], draws.size, axis=1))
+                        val = np.ascontiguousarray(np.broadcast_to(draws, (n[1], draws.size)))
+                        logd[a] = scale * np.sum(np.asarray(f.logp(val, ins), dtype=float), axis=1)
+                    logd += cavities[0].logpdf_unconstrained(us[0][None, :])[0][:, None]
+                    logd += cavities[1].logpdf_unconstrained(us[1][None, :])[0][None, :]
+                logd = np.where(np.isfinite(logd), logd, -np.inf)
+                if not np.isfinite(logd.max()):
+                    raise FloatingPointError
+                w = np.exp(logd - logd.max())
+                w /= w.sum()
+                mu_u = [float(np.sum(w.sum(axis=1 - k) * us[k])) for k in range(2)]
+                sd_u = [float(np.sqrt(np.sum(w.sum(axis=1 - k) * (us[k] - mu_u[k]) ** 2))) for k in range(2)]
+                return xs, w, mu_u, sd_u
+
+            lo = [centre[k] - half[k] for k in range(2)]
+            hi = [centre[k] + half[k] for k in range(2)]
+            try:
+                for attempt in range(10):
+                    xs, w, mu_u, sd_u = law(lo, hi, (n_grid, n_grid))
+                    if min(sd_u) <= 0:
+                        raise FloatingPointError
+                    if attempt == 0:
+                        lo = [mu_u[k] - 8.0 * sd_u[k] for k in range(2)]
+                        hi = [mu_u[k] + 8.0 * sd_u[k] for k in range(2)]
+                        continue
+                    edges = [(w[0].sum(), w[-1].sum()), (w[:, 0].sum(), w[:, -1].sum())]
+                    wide = False
+                    for k in range(2):
+                        width = hi[k] - lo[k]
+                        if edges[k][0] > 1e-8:
+                            lo[k], wide = lo[k] - 0.5 * width, True
+                        if edges[k][1] > 1e-8:
+                            hi[k], wide = hi[k] + 0.5 * width, True
+                    if not wide:
+                        break
+                else:
+                    continue
+                n = [int(min(max(n_grid, np.ceil(5.0 * (hi[k] - lo[k]) / sd_u[k]) + 1), 301)) for k in range(2)]
+                xs, w, _, _ = law(lo, hi, n)
+            except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
+                continue
+            X0, X1 = xs[0][:, None], xs[1][None, :]
+            m0, m1 = np.sum(w * X0), np.sum(w * X1)
+            s0, s1 = np.sqrt(np.sum(w * (X0 - m0) ** 2)), np.sqrt(np.sum(w * (X1 - m1) ** 2))
+            if not (s0 > 0 and s1 > 0):
+                continue
+            rho = float(np.sum(w * (X0 - m0) * (X1 - m1)) / (s0 * s1))
+            ratios = (ep_sd[0] / s0, ep_sd[1] / s1)
+            names = [s.variable for s in f.inputs]
+            if abs(rho) > threshold or min(ratios) < sd_ratio:
+                warnings.warn(
+                    f"{f.name}: its prior's parameters {names[0]} and {names[1]} are correlated at about {rho:.2f} "
+                    f"a posteriori (their law given EP's draws of {f.name}, on a grid), which EP's separate messages "
+                    f"for them leave out: EP's posterior sds of {names[0]} and {names[1]} are {ratios[0]:.2f} and "
+                    f"{ratios[1]:.2f} of that law's (the BUGS pumps model, Gamma(alpha, beta) with both latent: 0.70 "
+                    "of NUTS's). A mean-dispersion parametrisation (Gamma(alpha, alpha / mu), Beta(mu * kappa, "
+                    "(1 - mu) * kappa)) fits better; or compare with pm.sample",
+                    UserWarning,
+                    stacklevel=3,
+                )
+
+
+def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evaluations: float = 2e7):
+    """Correlation of a factor's two shared latents in the law a joint site would give, and
+    EP's marginal sds over that law's: ``(rho, (ratio_0, ratio_1))``, or None.
+
+    The law is the factor's cavity (each latent's EP marginal divided by the factor's summed
+    sites on it) times the likelihood summed over its instances, on a ``n_grid`` x ``n_grid``
+    grid in the latents' unconstrained coordinates: first over 12 of EP's marginal sds each
+    way (EP's sds may be a third of the law's), then over 8 of that pass's sds around its
+    mean, widened by half on every side whose edge holds more than 1e-8 of the mass, and
+    last at a fifth of the law's sd per node (up to 501 nodes an axis). None where a cavity
+    is improper, the last grid would take more than ``max_evaluations`` density
+    evaluations, the density cannot be evaluated, or ten passes do not contain the law.
+    """
+    if f.size * n_grid * n_grid * 4 > max_evaluations:
+        return None
+    marg = engine._marginals(graph, None, state, f)
+    cavities, ep_sd, centre, half = [], [], [], []
+    for k, i in enumerate(f.latent_inputs):
+        m = marg[i][:1]
+        site = np.asarray(state.sites[fi][k], dtype=float)
+        if isinstance(f.inputs[i], LinearSlot):
+            # instance n's site is on eta_n = eta_0 + d_n: the same Gaussian in eta_0, shifted
+            d = np.broadcast_to(np.asarray(f.inputs[i].c, dtype=float), (f.size,))
+            d = d - d[0]
+            site = np.stack([site[:, 0] + 2.0 * site[:, 1] * d, site[:, 1]], axis=1)
+        natural = m.natural - np.sum(site, axis=0)
+        c = type(m).from_natural(natural)
+        if not np.all(c.is_proper()):
+            return None
+        um, uv = m.unconstrained_moments()
+        if not (np.isfinite(um).all() and np.isfinite(uv).all() and uv[0] > 0):
+            return None
+        cavities.append(c)
+        ep_sd.append(float(np.sqrt(m.var()[0])))
+        centre.append(float(um[0]))
+        half.append(12.0 * float(np.sqrt(uv[0])))
+    y = np.asarray(f.observed, dtype=float).ravel()
+
+    def law(lo, hi, n):
+        us = [np.linspace(lo[k], hi[k], n[k]) for k in range(2)]
+        xs = [type(cavities[k]).from_unconstrained(us[k]) for k in range(2)]
+        logd = np.empty((n[0], n[1]))
+        with np.errstate(all="ignore"):
+            for a in range(n[0]):
+                first = np.full(n[1], xs[0][a])
+                ins, j = [], 0
+                for v in values:
+                    if v is None:
+                        ins.append(np.ascontiguousarray(points[j](first if j == 0 else xs[1])))
+                        j += 1
+                    else:
+                        ins.append(np.ascontiguousarray(np.broadcast_to(v, (n[1], v.size))))
+                yy = np.ascontiguousarray(np.broadcast_to(y, (n[1], y.size)))
+                logd[a] = np.sum(np.asarray(f.logp(yy, tuple(ins)), dtype=float), axis=1)
+            logd += cavities[0].logpdf_unconstrained(us[0][None, :])[0][:, None]
+            logd += cavities[1].logpdf_unconstrained(us[1][None, :])[0][None, :]
+        logd = np.where(np.isfinite(logd), logd, -np.inf)
+        if not np.isfinite(logd.max()):
+            raise FloatingPointError
+        w = np.exp(logd - logd.max())
+        w /= w.sum()
+        mu_u = [float(np.sum(w.sum(axis=1 - k) * us[k])) for k in range(2)]
+        sd_u = [float(np.sqrt(np.sum(w.sum(axis=1 - k) * (us[k] - mu_u[k]) ** 2))) for k in range(2)]
+        return us, xs, w, mu_u, sd_u
+
+    lo = [centre[k] - half[k] for k in range(2)]
+    hi = [centre[k] + half[k] for k in range(2)]
+    try:
+        for attempt in range(10):
+            us, xs, w, mu_u, sd_u = law(lo, hi, (n_grid, n_grid))
+            if attempt == 0 and min(sd_u) > 0:  # zoom to the law's own extent (EP's sds may be far off)
+                lo = [mu_u[k] - 8.0 * sd_u[k] for k in range(2)]
+                hi = [mu_u[k] + 8.0 * sd_u[k] for k in range(2)]
+                continue
+            # a banana's tail (Rice(nu, sigma): small nu with a larger sigma) reaches far to one
+            # side: widen each side whose edge still holds mass
+            edges = [(w[0].sum(), w[-1].sum()), (w[:, 0].sum(), w[:, -1].sum())]
+            wide = False
+            for k in range(2):
+                width = hi[k] - lo[k]
+                if edges[k][0] > 1e-8:
+                    lo[k], wide = lo[k] - 0.5 * width, True
+                if edges[k][1] > 1e-8:
+                    hi[k], wide = hi[k] + 0.5 * width, True
+            if not wide:
+                break
+        else:
+            return None
+        if min(sd_u) <= 0:
+            return None
+        # the last pass at a resolution of a fifth of the law's sd on each axis
+        n = [int(min(max(n_grid, np.ceil(5.0 * (hi[k] - lo[k]) / sd_u[k]) + 1), 501)) for k in range(2)]
+        if n[0] * n[1] * f.size > max_evaluations:
+            return None
+        us, xs, w, mu_u, sd_u = law(lo, hi, n)
+    except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
+        return None
+    X0, X1 = xs[0][:, None], xs[1][None, :]
+    m0, m1 = np.sum(w * X0), np.sum(w * X1)
+    s0, s1 = np.sqrt(np.sum(w * (X0 - m0) ** 2)), np.sqrt(np.sum(w * (X1 - m1) ** 2))
+    if not (s0 > 0 and s1 > 0):
+        return None
+    rho = float(np.sum(w * (X0 - m0) * (X1 - m1)) / (s0 * s1))
+    return rho, (ep_sd[0] / s0, ep_sd[1] / s1)
+
+
+def _zip_moves(values, moves):
+    """``(value, move)`` per input: data have a value, latent inputs a move (in order)."""
+    it = iter(moves)
+    return [(v, None if v is not None else next(it)) for v in values]
+
+
+def warn_overlapping_components(graph, state) -> None:
+    """Warn where a fitted mixture of Normals has two components on top of each other.
+
+    The symptom of a poor mode of the posterior (:func:`pmkjit.ep.mixture.overlapping_components`),
+    which EP reaches from its priors without any sign in its own convergence.
+    """
+    for f in graph.factors:
+        for j, k, m_j, m_k, s_j, s_k in overlapping_components(f, state):
+            warnings.warn(
+                f"{f.name}: mixture components {j} and {k} overlap after EP (means {m_j:.3g} and {m_k:.3g}, "
+                f"sds {s_j:.3g} and {s_k:.3g}): EP may have settled in a poor mode of the mixture's posterior "
+                "(two components on one cluster, a broad one covering another); compare with pm.sample",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def warn_impossible_observations(idata: az.InferenceData, model: pm.Model, ordered: Sequence[str] = ()) -> None:
+    """Warn where posterior draws give observations zero density.
+
+    The posterior of the model is zero there, so EP's approximation puts mass where the
+    data are impossible. That happens where a likelihood's support moves with a latent (a
+    shifted distribution ``loc + Exponential``, ``Uniform(0, theta)``), whose bound EP's
+    Gaussian and Gamma messages do not hold: a shifted exponential with ``loc ~ Normal(0, 1)``
+    (N = 80, every observation above 2.007) came out with ``loc`` at 61 (NUTS: 1.99 +- 0.016),
+    every observation impossible at every draw, "converged" with only a warning about
+    unanswered entries (robustness round 15); ``Uniform(0, theta)`` put 15% of the draws of
+    ``theta`` below the largest observation. Read from the ``log_likelihood`` group, or,
+    without one, from the log-likelihood of at most 100 draws. Draws whose ``ordered``
+    vectors are out of order are left out: ``inference_data`` has said how many there are,
+    and PyMC's ordinal densities are zero at every observation there.
+    """
+    if not model.observed_RVs:
+        return
+    posterior = idata.posterior
+    if "log_likelihood" not in idata:
+        n = posterior.sizes["draw"] * posterior.sizes["chain"]
+        posterior = posterior.isel(draw=slice(None, None, max(1, n // 100)))
+        try:
+            loglik = pm.compute_log_likelihood(az.InferenceData(posterior=posterior), model=model,
+                                               extend_inferencedata=False, progressbar=False)
+        except Exception:  # noqa: BLE001 - a check must not fail the fit
+            # PyMC's elementwise log-likelihood fails on some models EP fits (a mixture with a
+            # data column (N, 1) in a component's scale: a runtime broadcasting error), which
+            # is why compute_log_likelihood=False is there
+            return
+    else:
+        loglik = idata.log_likelihood
+    n_draws = posterior.sizes["chain"] * posterior.sizes["draw"]
+    unordered = np.zeros(n_draws, bool)
+    for name in ordered:
+        x = np.asarray(posterior[name]).reshape(n_draws, -1)
+        unordered |= np.any(np.diff(x, axis=-1) <= 0, axis=-1)
+    for name, values in loglik.data_vars.items():
+        ll = np.asarray(values).reshape(n_draws, -1)
+        # zero density, or parameters outside their domain
+        per_draw = (np.isneginf(ll) | np.isnan(ll)) & ~unordered[:, None]
+        if not per_draw.any():
+            continue
+        share = per_draw.any(axis=1).mean()
+        entries = int(per_draw.any(axis=0).sum())
+        percent = f"{share:.0%}" if share >= 0.01 else f"{share:.2%}"  # one draw in 2,000 is not "0%"
+        warnings.warn(
+            f"{name}: {entries} of {per_draw.shape[1]} observation{'s' if per_draw.shape[1] > 1 else ''} "
+            f"{'have' if entries > 1 else 'has'} zero density at {percent} of the posterior draws, where the "
+            "model's posterior is zero: "
+            + ("EP's posterior is nowhere near the data (EP failed). " if share == 1.0 else
+               "EP's posterior puts mass where the data are impossible. ")
+            + "This happens where the likelihood's support moves with a latent parameter (a shifted "
+            "distribution, a Uniform bound, a parameter used as a probability without a link), a bound EP's "
+            "Gaussian and Gamma messages do not hold; " + ("use pm.sample for this model" if share == 1.0 else
+                                                          "compare with pm.sample"),
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def warn_unconditional_centred_draws(model, graph, centred: list[str], given: ConditionalDraws | None) -> None:
+    """Warn where a centred ``z = (a - loc) / scale`` was computed from independent draws of ``a`` and ``scale``.
+
+    That is the case when the draws given the scales were not made (beyond their work
+    budget or their number of scale elements, or a conditional precision not positive
+    definite), or when ``a``'s centred prior is no semi-analytic Normal factor (``z`` with a
+    prior mean other than 0): ``z``'s draws are then a ratio of EP's factorised marginals,
+    several times too wide where the scale is uncertain (radon with varying intercepts and
+    slopes written non-centred, 85 counties, D = 172: the slopes' ``z`` sds 4-10 times
+    NUTS's, the effects and scales themselves within 0.1 sd; robustness round 12), silently.
+    """
+    if not centred:
+        return
+    semi = {f.name for f in graph.factors if f.analytic is not None and f.from_prior}
+    loose = []
+    for z in centred:
+        # the latents z is a deterministic of: its centred latent, loc's and scale's
+        latent = [v.name for v in model.free_RVs if v in ancestors([model[z]])]
+        if given is None or not any(name in semi for name in latent):
+            loose.append(z)
+    if not loose:
+        return
+    why = ("the draws given the scales were not made (ep.attrs['draws_given_scales'] == 'no': "
+           f"{graph.n_theta} real latents or their scale elements beyond the work budget, or a conditional "
+           "precision not positive definite)" if given is None else
+           "its centred prior is not a semi-analytic Normal factor (z has a prior mean other than 0)")
+    warnings.warn(
+        f"{', '.join(loose)}: the non-centred effect was fitted centred, but {why}, so each draw of "
+        f"{', '.join(loose)} is (effect - loc) / scale of independent draws of the effect and its scale, "
+        "whose spread can be several times the posterior's (the effects and scales themselves are not affected; "
+        "see docs/ep.md, \"Posterior draws given the scales\")",
+        UserWarning,
+        stacklevel=3,
+    )
