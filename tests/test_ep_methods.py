@@ -223,3 +223,51 @@ def test_quadrature_of_a_transform_with_per_instance_data_matches_the_offset_for
         means.append((mu, sd))
     np.testing.assert_allclose(means[0][0], means[1][0], atol=1e-3 * means[1][1].min())
     np.testing.assert_allclose(means[0][1], means[1][1], rtol=1e-3)
+
+
+class CheckingOracle(ConjugateOracle):
+    """Counts separately the entries asked directly (the spot checks) and through the operator."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.direct = 0
+
+    def __call__(self, messages, direct=True):
+        self.direct += len(messages[0]) if direct else 0
+        return super().__call__(messages)
+
+    def as_operator_oracle(self):
+        return lambda messages: Answer((self(messages, direct=False).beliefs[0], messages[1]),
+                                       np.ones(len(messages[0]), bool))
+
+
+@pytest.mark.parametrize("kind", ["importance", "quadrature"])
+def test_spot_checks_behind_importance_sampling_only_where_messages_leave_the_remembered_scales(kind):
+    """A fitted operator's trusted predictions are checked by the oracle on 16 fixed entries
+    every sweep behind a cheap oracle (quadrature), but behind importance sampling only for
+    messages more than twice as wide or narrow (in sd) as any the operator has answers for:
+    within that range a check every sweep is the oracle calls the operator exists to save."""
+    rng = np.random.default_rng(3)
+    factor = SimpleNamespace(families=(Gaussian, PointMass), targets=(0,), size=300)
+    oracle = CheckingOracle(kind)
+    method = KJITMethod(factor, oracle, None, rng=np.random.default_rng(4))
+    method(cavities(rng, 300, (0.0, 2.0)))  # the first fit (direct: its first minibatch)
+    method(cavities(rng, 300, (0.0, 2.0)))
+    inside = cavities(rng, 300, (0.2, 1.8))
+    assert not method._beyond_memory_scales(inside).any()  # log sds within the memory's [0, 1]
+    before = oracle.direct
+    answer = method(inside)
+    assert np.sum(answer.accepted & ~answer.asked) > 200  # mostly trusted predictions
+    assert oracle.direct - before == (0 if kind == "importance" else 16)
+    # sds of e^-3 against remembered ones of at least e^0, or e^1.75 against at most e^1
+    # (twice is e^1.69): beyond the range, so checked behind importance sampling too. (An
+    # operator that trusts itself everywhere, as one fitted on vague-prior cavities did:
+    # where it asks about some of a batch, their scales join its memory's range.)
+    method.operator.tolerance = 1e6
+    for log_var in ((-6.0, -5.0), (3.5, 4.0)):
+        far = cavities(rng, 300, log_var)
+        assert method._beyond_memory_scales(far).all()
+        before = oracle.direct
+        answer = method(far)
+        assert int(answer.asked.sum()) == 16 and oracle.direct - before == 16

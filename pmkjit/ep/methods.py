@@ -368,8 +368,11 @@ class KJITMethod:
         """Entries with a message more than twice as wide or narrow (in sd) as any remembered one.
 
         Scales are the messages' standard deviations in their unconstrained coordinates,
-        per input variable, against the range over the operator's memory of oracle answers.
-        None when the operator keeps no memory (then every sweep is checked).
+        per input variable, against the range over the operator's memory of oracle answers,
+        read after the operator has answered the batch: the entries it was unsure of and
+        asked about are in that memory, so a batch it learned from in part counts as known
+        ground (its kernel has answers there). None when the operator keeps no memory (then
+        every sweep is checked).
         """
         op = self.operator
         memory = getattr(op, "memory_", None)
