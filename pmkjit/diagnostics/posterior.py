@@ -143,94 +143,41 @@ def warn_correlated_hyperparameters(graph, state, rng, threshold: float = 0.6, s
             continue
         if not all(isinstance(s, ElementSlot) and np.all(s.index == s.index[0]) for s in f.inputs):
             continue
-        marg = engine._marginals(graph, None, state, f)
-        cavities, ep_sd, centre, half = [], [], [], []
-        for k in range(2):
-            m = marg[k][:1]
-            c = type(m).from_natural(m.natural - np.sum(np.asarray(state.sites[fi][k], dtype=float), axis=0))
-            um, uv = m.unconstrained_moments()
-            if not (np.all(c.is_proper()) and np.isfinite(um).all() and np.isfinite(uv).all() and uv[0] > 0):
-                break
-            cavities.append(c)
-            ep_sd.append(float(np.sqrt(m.var()[0])))
-            centre.append(float(um[0]))
-            half.append(12.0 * float(np.sqrt(uv[0])))
-        else:
-            out = marg[2]
-            rows = np.arange(f.size)
-            keep = int(max(1, min(f.size, max_evaluations // (n_grid * n_grid * n_draws))))
-            if keep < f.size:
-                rows = np.sort(rng.choice(f.size, keep, replace=False))
-            with np.errstate(all="ignore"):
-                draws = np.asarray(out[rows].sample(rng, n_draws), dtype=float).T.reshape(-1)  # (rows * draws,)
-            scale = f.size / rows.size / n_draws
+        pair = _pair_cavities(graph, state, fi, f)
+        if pair is None:
+            continue
+        cavities, ep_sd, centre, half = pair
+        out = engine._marginals(graph, None, state, f)[2]
+        rows = np.arange(f.size)
+        keep = int(max(1, min(f.size, max_evaluations // (n_grid * n_grid * n_draws))))
+        if keep < f.size:
+            rows = np.sort(rng.choice(f.size, keep, replace=False))
+        with np.errstate(all="ignore"):
+            draws = np.asarray(out[rows].sample(rng, n_draws), dtype=float).T.reshape(-1)  # (rows * draws,)
+        scale = f.size / rows.size / n_draws
 
-            def law(lo, hi, n):
-                us = [np.linspace(lo[k], hi[k], n[k]) for k in range(2)]
-                xs = [type(cavities[k]).from_unconstrained(us[k]) for k in range(2)]
-                logd = np.empty((n[0], n[1]))
-                with np.errstate(all="ignore"):
-                    for a in range(n[0]):
-                        ins = (np.full((n[1], draws.size), xs[0][a]), np.repeat(xs[1][:, None], draws.size, axis=1))
-                        val = np.ascontiguousarray(np.broadcast_to(draws, (n[1], draws.size)))
-                        logd[a] = scale * np.sum(np.asarray(f.logp(val, ins), dtype=float), axis=1)
-                    logd += cavities[0].logpdf_unconstrained(us[0][None, :])[0][:, None]
-                    logd += cavities[1].logpdf_unconstrained(us[1][None, :])[0][None, :]
-                logd = np.where(np.isfinite(logd), logd, -np.inf)
-                if not np.isfinite(logd.max()):
-                    raise FloatingPointError
-                w = np.exp(logd - logd.max())
-                w /= w.sum()
-                mu_u = [float(np.sum(w.sum(axis=1 - k) * us[k])) for k in range(2)]
-                sd_u = [float(np.sqrt(np.sum(w.sum(axis=1 - k) * (us[k] - mu_u[k]) ** 2))) for k in range(2)]
-                return xs, w, mu_u, sd_u
+        def loglik(x0, x1s):
+            ins = (np.full((x1s.size, draws.size), x0), np.repeat(x1s[:, None], draws.size, axis=1))
+            val = np.ascontiguousarray(np.broadcast_to(draws, (x1s.size, draws.size)))
+            return scale * np.sum(np.asarray(f.logp(val, ins), dtype=float), axis=1)
 
-            lo = [centre[k] - half[k] for k in range(2)]
-            hi = [centre[k] + half[k] for k in range(2)]
-            try:
-                for attempt in range(10):
-                    xs, w, mu_u, sd_u = law(lo, hi, (n_grid, n_grid))
-                    if min(sd_u) <= 0:
-                        raise FloatingPointError
-                    if attempt == 0:
-                        lo = [mu_u[k] - 8.0 * sd_u[k] for k in range(2)]
-                        hi = [mu_u[k] + 8.0 * sd_u[k] for k in range(2)]
-                        continue
-                    edges = [(w[0].sum(), w[-1].sum()), (w[:, 0].sum(), w[:, -1].sum())]
-                    wide = False
-                    for k in range(2):
-                        width = hi[k] - lo[k]
-                        if edges[k][0] > 1e-8:
-                            lo[k], wide = lo[k] - 0.5 * width, True
-                        if edges[k][1] > 1e-8:
-                            hi[k], wide = hi[k] + 0.5 * width, True
-                    if not wide:
-                        break
-                else:
-                    continue
-                n = [int(min(max(n_grid, np.ceil(5.0 * (hi[k] - lo[k]) / sd_u[k]) + 1), 301)) for k in range(2)]
-                xs, w, _, _ = law(lo, hi, n)
-            except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
-                continue
-            X0, X1 = xs[0][:, None], xs[1][None, :]
-            m0, m1 = np.sum(w * X0), np.sum(w * X1)
-            s0, s1 = np.sqrt(np.sum(w * (X0 - m0) ** 2)), np.sqrt(np.sum(w * (X1 - m1) ** 2))
-            if not (s0 > 0 and s1 > 0):
-                continue
-            rho = float(np.sum(w * (X0 - m0) * (X1 - m1)) / (s0 * s1))
-            ratios = (ep_sd[0] / s0, ep_sd[1] / s1)
-            names = [s.variable for s in f.inputs]
-            if abs(rho) > threshold or min(ratios) < sd_ratio:
-                warnings.warn(
-                    f"{f.name}: its prior's parameters {names[0]} and {names[1]} are correlated at about {rho:.2f} "
-                    f"a posteriori (their law given EP's draws of {f.name}, on a grid), which EP's separate messages "
-                    f"for them leave out: EP's posterior sds of {names[0]} and {names[1]} are {ratios[0]:.2f} and "
-                    f"{ratios[1]:.2f} of that law's (the BUGS pumps model, Gamma(alpha, beta) with both latent: 0.70 "
-                    "of NUTS's). A mean-dispersion parametrisation (Gamma(alpha, alpha / mu), Beta(mu * kappa, "
-                    "(1 - mu) * kappa)) fits better; or compare with pm.sample",
-                    UserWarning,
-                    stacklevel=3,
-                )
+        law = _law_on_grid(loglik, cavities, centre, half, n_grid, max_nodes=301)
+        if law is None:
+            continue
+        rho, (s0, s1) = law
+        ratios = (ep_sd[0] / s0, ep_sd[1] / s1)
+        names = [s.variable for s in f.inputs]
+        if abs(rho) > threshold or min(ratios) < sd_ratio:
+            warnings.warn(
+                f"{f.name}: its prior's parameters {names[0]} and {names[1]} are correlated at about {rho:.2f} "
+                f"a posteriori (their law given EP's draws of {f.name}, on a grid), which EP's separate messages "
+                f"for them leave out: EP's posterior sds of {names[0]} and {names[1]} are {ratios[0]:.2f} and "
+                f"{ratios[1]:.2f} of that law's (the BUGS pumps model, Gamma(alpha, beta) with both latent: 0.70 "
+                "of NUTS's). A mean-dispersion parametrisation (Gamma(alpha, alpha / mu), Beta(mu * kappa, "
+                "(1 - mu) * kappa)) fits better; or compare with pm.sample",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evaluations: float = 2e7):
@@ -238,16 +185,44 @@ def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evalua
     EP's marginal sds over that law's: ``(rho, (ratio_0, ratio_1))``, or None.
 
     The law is the factor's cavity (each latent's EP marginal divided by the factor's summed
-    sites on it) times the likelihood summed over its instances, on a ``n_grid`` x ``n_grid``
-    grid in the latents' unconstrained coordinates: first over 12 of EP's marginal sds each
-    way (EP's sds may be a third of the law's), then over 8 of that pass's sds around its
-    mean, widened by half on every side whose edge holds more than 1e-8 of the mass, and
-    last at a fifth of the law's sd per node (up to 501 nodes an axis). None where a cavity
-    is improper, the last grid would take more than ``max_evaluations`` density
-    evaluations, the density cannot be evaluated, or ten passes do not contain the law.
+    sites on it) times the likelihood summed over its instances, on a grid in the latents'
+    unconstrained coordinates (:func:`_law_on_grid`), first over 12 of EP's marginal sds each
+    way (EP's sds may be a third of the law's), last with up to 501 nodes an axis. None
+    where a cavity is improper, the last grid would take more than ``max_evaluations``
+    density evaluations, the density cannot be evaluated, or ten passes do not contain the law.
     """
     if f.size * n_grid * n_grid * 4 > max_evaluations:
         return None
+    pair = _pair_cavities(graph, state, fi, f)
+    if pair is None:
+        return None
+    cavities, ep_sd, centre, half = pair
+    y = np.asarray(f.observed, dtype=float).ravel()
+
+    def loglik(x0, x1s):
+        first = np.full(x1s.size, x0)
+        ins, j = [], 0
+        for v in values:
+            if v is None:
+                ins.append(np.ascontiguousarray(points[j](first if j == 0 else x1s)))
+                j += 1
+            else:
+                ins.append(np.ascontiguousarray(np.broadcast_to(v, (x1s.size, v.size))))
+        yy = np.ascontiguousarray(np.broadcast_to(y, (x1s.size, y.size)))
+        return np.sum(np.asarray(f.logp(yy, tuple(ins)), dtype=float), axis=1)
+
+    law = _law_on_grid(loglik, cavities, centre, half, n_grid, max_nodes=501,
+                       max_evaluations=max_evaluations, cost_per_node=f.size)
+    if law is None:
+        return None
+    rho, (s0, s1) = law
+    return rho, (ep_sd[0] / s0, ep_sd[1] / s1)
+
+
+def _pair_cavities(graph, state, fi, f):
+    """A factor's two latent inputs' cavities (EP's marginal over the factor's summed sites),
+    EP's marginal sds, and each one's unconstrained mean and 12 unconstrained sds:
+    ``(cavities, ep_sds, centres, halves)``, or None where a cavity is improper."""
     marg = engine._marginals(graph, None, state, f)
     cavities, ep_sd, centre, half = [], [], [], []
     for k, i in enumerate(f.latent_inputs):
@@ -258,8 +233,7 @@ def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evalua
             d = np.broadcast_to(np.asarray(f.inputs[i].c, dtype=float), (f.size,))
             d = d - d[0]
             site = np.stack([site[:, 0] + 2.0 * site[:, 1] * d, site[:, 1]], axis=1)
-        natural = m.natural - np.sum(site, axis=0)
-        c = type(m).from_natural(natural)
+        c = type(m).from_natural(m.natural - np.sum(site, axis=0))
         if not np.all(c.is_proper()):
             return None
         um, uv = m.unconstrained_moments()
@@ -269,24 +243,28 @@ def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evalua
         ep_sd.append(float(np.sqrt(m.var()[0])))
         centre.append(float(um[0]))
         half.append(12.0 * float(np.sqrt(uv[0])))
-    y = np.asarray(f.observed, dtype=float).ravel()
+    return cavities, ep_sd, centre, half
 
+
+def _law_on_grid(loglik, cavities, centre, half, n_grid: int, max_nodes: int, max_evaluations: float = np.inf,
+                 cost_per_node: int = 1):
+    """Correlation and sds of ``cavity_0(x0) cavity_1(x1) exp(loglik(x0, x1))``: ``(rho, (sd_0, sd_1))``, or None.
+
+    ``loglik(x0, x1s)`` is the log-likelihood at one ``x0`` and a vector of ``x1``. On a
+    ``n_grid`` x ``n_grid`` grid in the unconstrained coordinates, first over ``centre +- half``,
+    then over 8 of that pass's sds around its mean (EP's sds may be far off), widened by
+    half on every side whose edge holds more than 1e-8 of the mass, and last at a fifth of
+    the law's sd per node (up to ``max_nodes`` an axis). None where the last grid would cost
+    more than ``max_evaluations`` (``cost_per_node`` each), the density cannot be evaluated,
+    or ten passes do not contain the law.
+    """
     def law(lo, hi, n):
         us = [np.linspace(lo[k], hi[k], n[k]) for k in range(2)]
         xs = [type(cavities[k]).from_unconstrained(us[k]) for k in range(2)]
         logd = np.empty((n[0], n[1]))
         with np.errstate(all="ignore"):
             for a in range(n[0]):
-                first = np.full(n[1], xs[0][a])
-                ins, j = [], 0
-                for v in values:
-                    if v is None:
-                        ins.append(np.ascontiguousarray(points[j](first if j == 0 else xs[1])))
-                        j += 1
-                    else:
-                        ins.append(np.ascontiguousarray(np.broadcast_to(v, (n[1], v.size))))
-                yy = np.ascontiguousarray(np.broadcast_to(y, (n[1], y.size)))
-                logd[a] = np.sum(np.asarray(f.logp(yy, tuple(ins)), dtype=float), axis=1)
+                logd[a] = loglik(xs[0][a], xs[1])
             logd += cavities[0].logpdf_unconstrained(us[0][None, :])[0][:, None]
             logd += cavities[1].logpdf_unconstrained(us[1][None, :])[0][None, :]
         logd = np.where(np.isfinite(logd), logd, -np.inf)
@@ -296,14 +274,14 @@ def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evalua
         w /= w.sum()
         mu_u = [float(np.sum(w.sum(axis=1 - k) * us[k])) for k in range(2)]
         sd_u = [float(np.sqrt(np.sum(w.sum(axis=1 - k) * (us[k] - mu_u[k]) ** 2))) for k in range(2)]
-        return us, xs, w, mu_u, sd_u
+        return xs, w, mu_u, sd_u
 
     lo = [centre[k] - half[k] for k in range(2)]
     hi = [centre[k] + half[k] for k in range(2)]
     try:
         for attempt in range(10):
-            us, xs, w, mu_u, sd_u = law(lo, hi, (n_grid, n_grid))
-            if attempt == 0 and min(sd_u) > 0:  # zoom to the law's own extent (EP's sds may be far off)
+            xs, w, mu_u, sd_u = law(lo, hi, (n_grid, n_grid))
+            if attempt == 0 and min(sd_u) > 0:  # zoom to the law's own extent
                 lo = [mu_u[k] - 8.0 * sd_u[k] for k in range(2)]
                 hi = [mu_u[k] + 8.0 * sd_u[k] for k in range(2)]
                 continue
@@ -323,11 +301,10 @@ def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evalua
             return None
         if min(sd_u) <= 0:
             return None
-        # the last pass at a resolution of a fifth of the law's sd on each axis
-        n = [int(min(max(n_grid, np.ceil(5.0 * (hi[k] - lo[k]) / sd_u[k]) + 1), 501)) for k in range(2)]
-        if n[0] * n[1] * f.size > max_evaluations:
+        n = [int(min(max(n_grid, np.ceil(5.0 * (hi[k] - lo[k]) / sd_u[k]) + 1), max_nodes)) for k in range(2)]
+        if n[0] * n[1] * cost_per_node > max_evaluations:
             return None
-        us, xs, w, mu_u, sd_u = law(lo, hi, n)
+        xs, w, _, _ = law(lo, hi, n)
     except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
         return None
     X0, X1 = xs[0][:, None], xs[1][None, :]
@@ -335,8 +312,7 @@ def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evalua
     s0, s1 = np.sqrt(np.sum(w * (X0 - m0) ** 2)), np.sqrt(np.sum(w * (X1 - m1) ** 2))
     if not (s0 > 0 and s1 > 0):
         return None
-    rho = float(np.sum(w * (X0 - m0) * (X1 - m1)) / (s0 * s1))
-    return rho, (ep_sd[0] / s0, ep_sd[1] / s1)
+    return float(np.sum(w * (X0 - m0) * (X1 - m1)) / (s0 * s1)), (float(s0), float(s1))
 
 
 def _zip_moves(values, moves):

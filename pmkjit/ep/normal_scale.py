@@ -56,21 +56,9 @@ class NormalScaleMethod:
         mu_u, var_u = s_msg.unconstrained_moments()
         t = np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
         u = mu_u[:, None] + np.sqrt(var_u)[:, None] * t  # (B, K) nodes in log s
-        s = np.exp(u)
-        noise = s * s if self.link == "scale" else np.exp(-u)
-        total = v + noise
-        logw = _gamma_log_density_in_log_space(s_msg, u)
-        logw = logw - 0.5 * np.log(total) - 0.5 * (y - m) ** 2 / total
-        logw -= logw.max(axis=1, keepdims=True)
-        w = np.exp(logw)
-        w /= w.sum(axis=1, keepdims=True)
-        gain = v / total
-        cond_mean = m + gain * (y - m)
-        cond_var = v * noise / total
-        e_eta = np.sum(w * cond_mean, axis=1)
-        var_eta = np.sum(w * (cond_var + (cond_mean - e_eta[:, None]) ** 2), axis=1)
+        w, e_eta, var_eta = self._eta_given_scale(_gamma_log_density_in_log_space(s_msg, u), u, m, v, y)
         e_log_s = np.sum(w * u, axis=1)
-        e_s = np.sum(w * s, axis=1)
+        e_s = np.sum(w * np.exp(u), axis=1)
         ok = np.isfinite(e_eta) & np.isfinite(var_eta) & (var_eta > 0) & np.isfinite(e_s)
         eta_belief = Gaussian(np.where(ok, e_eta, 0.0), np.where(ok, var_eta, 1.0))
         stats = np.stack([np.where(ok, e_log_s, 0.0), np.where(ok, e_s, 1.0)], axis=1)
@@ -82,6 +70,26 @@ class NormalScaleMethod:
         nat_s = np.where(ok[:, None], s_belief.natural, np.nan)
         return Answer((Gaussian.from_natural(nat_eta), Gamma.from_natural(nat_s)), ok)
 
+    def _eta_given_scale(self, log_prior: np.ndarray, log_s: np.ndarray, m: np.ndarray, v: np.ndarray,
+                         y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Normalised quadrature weights over the scale's nodes, and the mean and variance of ``eta``.
+
+        ``log_prior`` is the scale's cavity log-density at the nodes (B, K) in the integration
+        coordinate and ``log_s`` the scale there; ``eta`` given each node is the Gaussian of
+        the module's docstring, and its moments mix those over the weights.
+        """
+        noise = np.exp(2.0 * log_s) if self.link == "scale" else np.exp(-log_s)
+        total = v + noise
+        with np.errstate(over="ignore", invalid="ignore"):
+            logw = log_prior - 0.5 * np.log(total) - 0.5 * (y - m) ** 2 / total
+            logw -= logw.max(axis=1, keepdims=True)
+        w = np.exp(logw)
+        w /= w.sum(axis=1, keepdims=True)
+        cond_mean = m + v / total * (y - m)
+        cond_var = v * noise / total
+        e_eta = np.sum(w * cond_mean, axis=1)
+        var_eta = np.sum(w * (cond_var + (cond_mean - e_eta[:, None]) ** 2), axis=1)
+        return w, e_eta, var_eta
 
     def _unit_scale(self, messages: Sequence[ExponentialFamily]) -> Answer:
         """The same for a scale on (0, 1) with a Beta message: the integral in ``logit s``.
@@ -99,19 +107,7 @@ class NormalScaleMethod:
         t = np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
         u = mu_u[:, None] + np.sqrt(var_u)[:, None] * t  # (B, K) nodes in logit s
         stats_u = Beta.sufficient_statistics_unconstrained(u)  # log s, log(1 - s), exact in u
-        log_s = stats_u[..., 0]
-        noise = np.exp(2.0 * log_s) if self.link == "scale" else np.exp(-log_s)
-        total = v + noise
-        with np.errstate(over="ignore", invalid="ignore"):
-            logw = s_msg.logpdf_unconstrained(u) - 0.5 * np.log(total) - 0.5 * (y - m) ** 2 / total
-            logw -= logw.max(axis=1, keepdims=True)
-        w = np.exp(logw)
-        w /= w.sum(axis=1, keepdims=True)
-        gain = v / total
-        cond_mean = m + gain * (y - m)
-        cond_var = v * noise / total
-        e_eta = np.sum(w * cond_mean, axis=1)
-        var_eta = np.sum(w * (cond_var + (cond_mean - e_eta[:, None]) ** 2), axis=1)
+        w, e_eta, var_eta = self._eta_given_scale(s_msg.logpdf_unconstrained(u), stats_u[..., 0], m, v, y)
         stats = np.einsum("bk,bkj->bj", w, stats_u)
         ok = np.isfinite(e_eta) & np.isfinite(var_eta) & (var_eta > 0) & np.all(np.isfinite(stats), axis=1)
         # a proper Beta needs E[s] + E[1 - s] beyond exp(E log s) + exp(E log(1 - s)): Jensen's
