@@ -267,6 +267,7 @@ class KJITMethod:
         self.n_check = int(n_check)
         self.distrust = float(distrust)
         self.n_distrusted = 0
+        self._recheck = False  # distrusted at the last check: check the next batch whatever its scales
         self._check_order: dict[int, np.ndarray] = {}
         self._scale_range: tuple | None = None  # (memory state, low, high) of remembered log scales
         self._seen: list[tuple[tuple, tuple]] = []
@@ -313,9 +314,13 @@ class KJITMethod:
         # blind (narrow cavities all alike to widths set by wide ones), while within that
         # range its variance is the paper's measure of novelty. Checking every sweep there
         # would make the oracle calls the operator exists to save (the logistic stream of
-        # experiment 1: 16 a sweep against 474 in 30 problems). Quadrature's and the grid's
-        # answers cost milliseconds: those operators are checked every sweep.
-        outside = self._beyond_memory_scales(messages) if getattr(self.oracle, "kind", None) == "importance" else None
+        # experiment 1: 16 a sweep against 474 in 30 problems). After a check that found the
+        # operator wrong, the next batch is checked whatever its scales (the oracle's answers
+        # to the distrusted batch have widened the remembered range, not fixed the operator),
+        # until a check passes. Quadrature's and the grid's answers cost milliseconds: those
+        # operators are checked every sweep.
+        gated = getattr(self.oracle, "kind", None) == "importance" and not self._recheck
+        outside = self._beyond_memory_scales(messages) if gated else None
         if outside is not None:
             predicted = predicted[outside[predicted]]
             if predicted.size == 0:
@@ -342,6 +347,7 @@ class KJITMethod:
             err = op._encode(check.beliefs, sub) - op._encode(tuple(b[pick] for b in answer.beliefs), sub)
             ratio = np.max(err[ok] ** 2 / op.current_thresholds(), axis=1)
         if ok.sum() < 3 or not np.median(ratio) > self.distrust:
+            self._recheck = False
             # kept for the operator's next refit like every other answer, but not learned
             # now: a rank-k update every sweep would move every prediction a little and
             # keep EP from settling
@@ -349,6 +355,7 @@ class KJITMethod:
                 op._remember(pack_answers(tuple(m[ok] for m in sub), tuple(b[ok] for b in check.beliefs)))
             return Answer(tuple(beliefs), answer.accepted, answer.variance, asked)
         self.n_distrusted += 1
+        self._recheck = True
         batches = [(sub, check, ok)]
         rest = np.setdiff1d(predicted, pick)
         if rest.size:
