@@ -28,7 +28,8 @@ from pmkjit.operators import KJITOperator
 from pmkjit.graph import build_factor_graph
 from pmkjit.graph.sharing import shares_a_latent
 from pmkjit.diagnostics.model import (
-    warn_bounded_beside_linear, warn_latent_conditions, warn_latent_degrees_of_freedom, warn_non_centred,
+    warn_bounded_beside_linear, warn_latent_conditions, warn_latent_degrees_of_freedom, warn_latent_skewness,
+    warn_non_centred,
 )
 from pmkjit.diagnostics.posterior import (
     warn_correlated_hyperparameters, warn_correlated_pairs, warn_impossible_observations, warn_overlapping_components,
@@ -236,6 +237,7 @@ def fit(
     warn_latent_conditions(original)  # (the names the user wrote)
     warn_bounded_beside_linear(graph, signed_latents(original, bounded))
     warn_latent_degrees_of_freedom(model)
+    warn_latent_skewness(model)
     methods, kjits, oracles = _methods(graph, method, oracle, store, n_importance_samples, tol, rng)
     # EP's own linear algebra is on the joint Gaussian of the real latents (tens to
     # hundreds of dimensions) and on N x dim plate arrays: too small for OpenBLAS's threads

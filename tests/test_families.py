@@ -168,6 +168,23 @@ def test_projection_rejects_impossible_statistics():
         Gamma.project(np.array([0.0, -1.0]))
 
 
+def test_beta_projection_beyond_floating_point_is_refused_not_a_crash():
+    # robustness round 19: quadrature's statistics of a logistic belief at eta ~ 420 (a logistic
+    # regression with Cauchy priors, whose first cavities are very wide), E log x = -3.4e-183 and
+    # E log(1-x) = -421.5, pass the existence check but need alpha ~ 1e183: the Newton step's
+    # trigamma differences were inf / inf and fit crashed with "ValueError: cannot convert float
+    # NaN to integer"; now the entry is improper, and the oracle leaves it unanswered
+    from pmkjit.operators.oracle import _safe_project
+
+    beyond = np.array([[-3.3544633061762198e-183, -4.2151628943243276e002]])
+    with pytest.raises(ImproperMessageError, match="not converged"):
+        Beta.project(beyond, name="p")
+    members = Beta(np.array([2.0, 1e6]), np.array([3.0, 0.5]))
+    natural, ok = _safe_project(Beta, np.concatenate([beyond, members.expected_sufficient_statistics()]), "p")
+    assert ok.tolist() == [False, True, True]
+    np.testing.assert_allclose(natural[1:] + 1.0, members.natural + 1.0, rtol=1e-9)
+
+
 # ------------------------------------------------------------------ moments
 @pytest.mark.parametrize(
     "m",

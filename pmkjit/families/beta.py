@@ -299,7 +299,9 @@ def _trigamma_diff(a: np.ndarray, c: np.ndarray) -> np.ndarray:
     """
     a = np.asarray(a, dtype=float)
     c = np.asarray(c, dtype=float)
-    shifts = np.maximum(np.ceil(_LARGE - a), 0.0)
+    with np.errstate(invalid="ignore"):
+        shifts = np.maximum(np.ceil(_LARGE - a), 0.0)
+    shifts = np.where(np.isfinite(shifts), shifts, 0.0)  # (NaN a: NaN out, not a crash)
     total = np.zeros(np.broadcast(a, c).shape)
     for j in range(int(np.max(shifts, initial=0.0))):  # at most _LARGE steps, vectorised
         x = a + j
@@ -332,22 +334,35 @@ def _beta_newton(a, b, e1, e2):
         return a * x1 + b * x2 - special.betaln(a, b)
 
     converged = np.zeros(a.shape, dtype=bool)
-    f = objective(a, b, e1, e2)
+    # Entries whose Newton quantities overflow (statistics of a Beta with a parameter beyond
+    # ~1e150, e.g. E log x = -3e-183 and E log(1-x) = -421 from a logistic belief at eta ~ 420:
+    # trigamma differences of inf / inf) are given up as not converged, which the caller
+    # reports as improper; their NaN parameters crashed the next step's loop bound (robustness
+    # round 19, a logistic regression with Cauchy priors)
+    failed = ~(np.isfinite(a) & np.isfinite(b))
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = objective(a, b, e1, e2)
     for _ in range(_MAX_NEWTON):
-        act = ~converged
+        act = ~converged & ~failed
         if not act.any():
             break
         aa, bb, x1, x2 = a[act], b[act], e1[act], e2[act]
         # gradient of the objective, from cancellation-free differences (a Beta whose mass
         # sits against 0 or 1 has one huge parameter)
-        d1, d2 = _digamma_diff(aa, bb), _digamma_diff(bb, aa)
-        g1, g2 = x1 - d1, x2 - d2
         # minus the Hessian is [[h11, -ts], [-ts, h22]], positive definite
-        ts = special.polygamma(1, aa + bb)
-        h11, h22 = _trigamma_diff(aa, bb), _trigamma_diff(bb, aa)
-        det = h11 * h22 - ts * ts
-        da = (h22 * g1 + ts * g2) / det
-        db = (ts * g1 + h11 * g2) / det
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            d1, d2 = _digamma_diff(aa, bb), _digamma_diff(bb, aa)
+            g1, g2 = x1 - d1, x2 - d2
+            ts = special.polygamma(1, aa + bb)
+            h11, h22 = _trigamma_diff(aa, bb), _trigamma_diff(bb, aa)
+            det = h11 * h22 - ts * ts
+            da = (h22 * g1 + ts * g2) / det
+            db = (ts * g1 + h11 * g2) / det
+        lost = ~(np.isfinite(da) & np.isfinite(db))
+        if lost.any():
+            idx = np.flatnonzero(act)
+            failed[idx[lost]] = True
+            da, db = np.where(lost, 0.0, da), np.where(lost, 0.0, db)
         fa = f[act]
         # Guard large steps with the objective (far from the solution Newton can overshoot).
         # Steps below 10% are only kept positive: there the objective changes too little
@@ -372,7 +387,7 @@ def _beta_newton(a, b, e1, e2):
         delta2 = 8.0 * np.finfo(float).eps * (np.abs(x2) + np.abs(d2) + _r_magnitude(bb) + r_ab)
         noise_a = (h22 * delta1 + ts * delta2) / det
         noise_b = (ts * delta1 + h11 * delta2) / det
-        done = ok & (np.abs(da) <= _RTOL * aa + noise_a) & (np.abs(db) <= _RTOL * bb + noise_b)
+        done = ok & ~lost & (np.abs(da) <= _RTOL * aa + noise_a) & (np.abs(db) <= _RTOL * bb + noise_b)
         a[act], b[act], f[act] = na, nb, fn
         converged[act] = done
     return a, b, converged

@@ -123,6 +123,7 @@ _TRANSFORM_CONSTRUCTORS = {
     "SimplexTransform": "a batched pm.Dirichlet, or one with latent concentrations",
     "Ordered": "an ordered array other than a vector (transform=ordered)",
     "ZeroSumTransform": "a pm.ZeroSumNormal over several axes",
+    "CircularTransform": "an angle, wrapped into (-pi, pi)",
 }
 
 
@@ -381,6 +382,9 @@ class _Builder:
                "their own scales, or pm.sample" if tname == "CholeskyCovPacked" else "")
             + ("; pmkjit.fit takes a one-dimensional pm.Dirichlet with constant concentrations (as independent "
                "stick-breaking Betas)" if tname == "SimplexTransform" else "")
+            + (f"; give the angle a prior on the reals instead, e.g. {name} = pm.Normal(\"{name}\", 0, 1.5): "
+               "a pm.VonMises likelihood is periodic in its mu, so an angle need not be wrapped into (-pi, pi)"
+               if tname == "CircularTransform" else "")
         )
 
     def _latent_covariance_readers(self, rv: Variable) -> str:
