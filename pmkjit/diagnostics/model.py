@@ -30,21 +30,15 @@ def warn_latent_degrees_of_freedom(model: pm.Model) -> None:
     15), 0.79-0.83 on the gallery's N = 60 regression, and 0.63-0.90 of the exact sd with a
     known scale (N = 30-60, four data sets); the locations were within 0.2 sd.
     """
-    latents = set(model.free_RVs)
-    for rv in model.observed_RVs:
-        if type(rv.owner.op).__name__ != "StudentTRV":
-            continue
-        nu = rv.owner.op.dist_params(rv.owner)[0]
-        names = [v.name for v in ancestors([nu], blockers=model.free_RVs) if v in latents]
-        if names:
-            warnings.warn(
-                f"{rv.name}: the Student-t's degrees of freedom depend on the latent {', '.join(names)}, whose EP "
-                "posterior comes out too narrow (sd 0.2-0.9 of the exact one on reviewed models: its long right tail "
-                "and its correlation with the scale are lost; the scale's sd may be too small too, the locations "
-                "are accurate): compare with pm.sample for the uncertainty of nu, or fix nu",
-                UserWarning,
-                stacklevel=3,
-            )
+    for rv, names in _latent_parameter(model, "StudentTRV", 0):
+        warnings.warn(
+            f"{rv.name}: the Student-t's degrees of freedom depend on the latent {', '.join(names)}, whose EP "
+            "posterior comes out too narrow (sd 0.2-0.9 of the exact one on reviewed models: its long right tail "
+            "and its correlation with the scale are lost; the scale's sd may be too small too, the locations "
+            "are accurate): compare with pm.sample for the uncertainty of nu, or fix nu",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def warn_latent_skewness(model: pm.Model) -> None:
@@ -59,21 +53,29 @@ def warn_latent_skewness(model: pm.Model) -> None:
     0.50. Its only sign was the non-convergence warning, whose advice (raise ``max_sweeps``)
     does not help here.
     """
+    for rv, names in _latent_parameter(model, "SkewNormalRV", 2):
+        warnings.warn(
+            f"{rv.name}: the SkewNormal's skewness alpha depends on the latent {', '.join(names)}, which is "
+            "strongly correlated with the location and the scale a posteriori; EP's factorised messages drop "
+            "that and are unreliable here (reviewed models: not converged, sds 0.09-0.5 of NUTS's, the "
+            "location up to 8 NUTS sd off): use pm.sample for this model, or fix alpha at a constant",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _latent_parameter(model: pm.Model, op_name: str, index: int) -> list[tuple]:
+    """``(rv, names)`` for each likelihood of ``op_name`` whose parameter ``index`` reads the latents ``names``."""
     latents = set(model.free_RVs)
+    found = []
     for rv in model.observed_RVs:
-        if type(rv.owner.op).__name__ != "SkewNormalRV":
+        if type(rv.owner.op).__name__ != op_name:
             continue
-        alpha = rv.owner.op.dist_params(rv.owner)[2]
-        names = [v.name for v in ancestors([alpha], blockers=model.free_RVs) if v in latents]
+        param = rv.owner.op.dist_params(rv.owner)[index]
+        names = [v.name for v in ancestors([param], blockers=model.free_RVs) if v in latents]
         if names:
-            warnings.warn(
-                f"{rv.name}: the SkewNormal's skewness alpha depends on the latent {', '.join(names)}, which is "
-                "strongly correlated with the location and the scale a posteriori; EP's factorised messages drop "
-                "that and are unreliable here (reviewed models: not converged, sds 0.09-0.5 of NUTS's, the "
-                "location up to 8 NUTS sd off): use pm.sample for this model, or fix alpha at a constant",
-                UserWarning,
-                stacklevel=3,
-            )
+            found.append((rv, names))
+    return found
 
 
 def warn_latent_conditions(model: pm.Model) -> None:
