@@ -49,13 +49,8 @@ class NormalScaleMethod:
     def __call__(self, messages: Sequence[ExponentialFamily]) -> Answer:
         if isinstance(messages[1], Beta):
             return self._unit_scale(messages)
-        eta_msg, s_msg, y_msg = messages
-        self.n_calls += len(eta_msg)
-        m, v = eta_msg.mean()[:, None], eta_msg.var()[:, None]
-        y = np.asarray(y_msg.value, dtype=float)[:, None]
-        mu_u, var_u = s_msg.unconstrained_moments()
-        t = np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
-        u = mu_u[:, None] + np.sqrt(var_u)[:, None] * t  # (B, K) nodes in log s
+        s_msg = messages[1]
+        m, v, y, u = self._nodes(messages)  # u: (B, K) nodes in log s
         w, e_eta, var_eta = self._eta_given_scale(_gamma_log_density_in_log_space(s_msg, u), u, m, v, y)
         e_log_s = np.sum(w * u, axis=1)
         e_s = np.sum(w * np.exp(u), axis=1)
@@ -69,6 +64,17 @@ class NormalScaleMethod:
         nat_eta = np.where(ok[:, None], eta_belief.natural, np.nan)
         nat_s = np.where(ok[:, None], s_belief.natural, np.nan)
         return Answer((Gaussian.from_natural(nat_eta), Gamma.from_natural(nat_s)), ok)
+
+    def _nodes(self, messages: Sequence[ExponentialFamily]) -> tuple[np.ndarray, ...]:
+        """The cavity mean and variance of ``eta`` and the observation, as columns, and the scale's
+        quadrature nodes (B, K) in its unconstrained coordinate; counts the call."""
+        eta_msg, s_msg, y_msg = messages
+        self.n_calls += len(eta_msg)
+        m, v = eta_msg.mean()[:, None], eta_msg.var()[:, None]
+        y = np.asarray(y_msg.value, dtype=float)[:, None]
+        mu_u, var_u = s_msg.unconstrained_moments()
+        t = np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
+        return m, v, y, mu_u[:, None] + np.sqrt(var_u)[:, None] * t
 
     def _eta_given_scale(self, log_prior: np.ndarray, log_s: np.ndarray, m: np.ndarray, v: np.ndarray,
                          y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,13 +105,8 @@ class NormalScaleMethod:
         by 50, has the scale ``u`` (see ``_try_normal_scale``). Without a Beta version it was a
         2-D quadrature factor (43 s for a cubic regression, N = 60, where NUTS took 6-19 s).
         """
-        eta_msg, s_msg, y_msg = messages
-        self.n_calls += len(eta_msg)
-        m, v = eta_msg.mean()[:, None], eta_msg.var()[:, None]
-        y = np.asarray(y_msg.value, dtype=float)[:, None]
-        mu_u, var_u = s_msg.unconstrained_moments()
-        t = np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
-        u = mu_u[:, None] + np.sqrt(var_u)[:, None] * t  # (B, K) nodes in logit s
+        s_msg = messages[1]
+        m, v, y, u = self._nodes(messages)  # u: (B, K) nodes in logit s
         stats_u = Beta.sufficient_statistics_unconstrained(u)  # log s, log(1 - s), exact in u
         w, e_eta, var_eta = self._eta_given_scale(s_msg.logpdf_unconstrained(u), stats_u[..., 0], m, v, y)
         stats = np.einsum("bk,bkj->bj", w, stats_u)
