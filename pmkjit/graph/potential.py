@@ -64,7 +64,7 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
         if not latents:
             continue  # a potential of data only: left to the refusal
         if any(v.ndim != 0 for v in latents):
-            terms = _terms(_deterministics_unwrapped(expr), set(free))
+            terms = _terms(_unwrapped(expr, deterministics_only=True), set(free))
             if terms is None:
                 continue  # no sum of elementwise terms: left to the refusal
             names = [out.name] if len(terms) == 1 else [f"{out.name}[{k}]" for k in range(len(terms))]
@@ -164,21 +164,17 @@ def _terms(expr, free: set) -> list | None:
     return terms or None
 
 
-def _deterministics_unwrapped(var):
-    """``var`` with the ``pm.Deterministic``s it reads replaced by their values (latents kept)."""
-    from pymc.model.fgraph import ModelDeterministic
+def _unwrapped(var, deterministics_only: bool = False):
+    """``var`` with the model's bookkeeping ops replaced by their values.
 
-    wrapped = [v for v in ancestors([var]) if v.owner is not None and isinstance(v.owner.op, ModelDeterministic)]
+    All of them (a ``pm.Deterministic`` it reads, the latents' own wrappers), or with
+    ``deterministics_only`` only the ``pm.Deterministic``s, so that the latents stay
+    recognisable as the model's free variables.
+    """
+    from pymc.model.fgraph import ModelDeterministic, ModelVar
+
+    kind = ModelDeterministic if deterministics_only else ModelVar
+    wrapped = [v for v in ancestors([var]) if v.owner is not None and isinstance(v.owner.op, kind)]
     if not wrapped:
         return var
-    return _deterministics_unwrapped(graph_replace(var, {v: v.owner.inputs[0] for v in wrapped}, strict=False))
-
-
-def _unwrapped(var):
-    """``var`` with the model's bookkeeping ops (a ``pm.Deterministic`` it reads) replaced by their values."""
-    from pymc.model.fgraph import ModelVar
-
-    wrapped = [v for v in ancestors([var]) if v.owner is not None and isinstance(v.owner.op, ModelVar)]
-    if not wrapped:
-        return var
-    return _unwrapped(graph_replace(var, {v: v.owner.inputs[0] for v in wrapped}, strict=False))
+    return _unwrapped(graph_replace(var, {v: v.owner.inputs[0] for v in wrapped}, strict=False), deterministics_only)
