@@ -27,15 +27,13 @@ import numpy as np
 from scipy import special
 
 from pmkjit.ep.methods import Answer
+from pmkjit.ep.normal_scale import scale_nodes  # the nodes of one latent scale, as there
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, LinearSlot
 from pmkjit.graph.mixture import REFERENCE_STICK, NormalMixtureSpec
 from pmkjit.operators.oracle import project_beliefs
 
 __all__ = ["NormalMixtureMethod", "overlapping_components"]
-
-_NODES = 401
-_HALF_WIDTH = 16.0  # cavity log-space standard deviations each side, as for one latent scale
 
 
 class NormalMixtureMethod:
@@ -87,8 +85,7 @@ class NormalMixtureMethod:
             nodes = {}
             for i in {i for i in spec.scale_input if i is not None}:
                 q = messages[i]
-                mu_u, var_u = q.unconstrained_moments()
-                u = mu_u[:, None] + np.sqrt(var_u)[:, None] * np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
+                u = scale_nodes(q)
                 log_q = q.logpdf_unconstrained(u)
                 nodes[i] = (u, log_q - special.logsumexp(log_q, axis=1, keepdims=True))
 

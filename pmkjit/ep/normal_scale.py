@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import special
 
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.ep.methods import Answer
@@ -29,6 +28,13 @@ __all__ = ["NormalScaleMethod"]
 
 _NODES = 401
 _HALF_WIDTH = 16.0  # cavity log-space standard deviations each side
+
+
+def scale_nodes(q: ExponentialFamily) -> np.ndarray:
+    """``(B, _NODES)`` trapezoid nodes for a scale message's unconstrained coordinate (``log s``
+    of a Gamma, ``logit s`` of a Beta): ``_HALF_WIDTH`` of its exact sds each side of its mean."""
+    mu_u, var_u = q.unconstrained_moments()
+    return mu_u[:, None] + np.sqrt(var_u)[:, None] * np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
 
 
 class NormalScaleMethod:
@@ -51,7 +57,7 @@ class NormalScaleMethod:
             return self._unit_scale(messages)
         s_msg = messages[1]
         m, v, y, u = self._nodes(messages)  # u: (B, K) nodes in log s
-        w, e_eta, var_eta = self._eta_given_scale(_gamma_log_density_in_log_space(s_msg, u), u, m, v, y)
+        w, e_eta, var_eta = self._eta_given_scale(s_msg.logpdf_unconstrained(u), u, m, v, y)
         e_log_s = np.sum(w * u, axis=1)
         e_s = np.sum(w * np.exp(u), axis=1)
         ok = np.isfinite(e_eta) & np.isfinite(var_eta) & (var_eta > 0) & np.isfinite(e_s)
@@ -72,9 +78,7 @@ class NormalScaleMethod:
         self.n_calls += len(eta_msg)
         m, v = eta_msg.mean()[:, None], eta_msg.var()[:, None]
         y = np.asarray(y_msg.value, dtype=float)[:, None]
-        mu_u, var_u = s_msg.unconstrained_moments()
-        t = np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
-        return m, v, y, mu_u[:, None] + np.sqrt(var_u)[:, None] * t
+        return m, v, y, scale_nodes(s_msg)
 
     def _eta_given_scale(self, log_prior: np.ndarray, log_s: np.ndarray, m: np.ndarray, v: np.ndarray,
                          y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -121,10 +125,3 @@ class NormalScaleMethod:
         nat_eta = np.where(ok[:, None], eta_belief.natural, np.nan)
         nat_s = np.where(ok[:, None], s_belief.natural, np.nan)
         return Answer((Gaussian.from_natural(nat_eta), Beta.from_natural(nat_s)), ok)
-
-
-def _gamma_log_density_in_log_space(q: Gamma, u: np.ndarray) -> np.ndarray:
-    """Log-density of ``log s`` for ``s ~ Gamma(shape, rate)`` (up to a per-row constant)."""
-    k = np.asarray(q.shape)[:, None]
-    r = np.asarray(q.rate)[:, None]
-    return k * u - r * np.exp(u) + k * np.log(r) - special.gammaln(k)
