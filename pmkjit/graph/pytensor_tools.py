@@ -217,10 +217,7 @@ def lift_indexing(var: Variable) -> Variable:
     is nothing to lift.
     """
     from pymc.distributions.distribution import SymbolicRandomVariable
-    from pytensor.compile.ops import ViewOp
-    from pytensor.tensor.elemwise import Elemwise
     from pytensor.tensor.random.op import RandomVariable
-    from pytensor.tensor.shape import SpecifyShape
     from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
 
     memo: dict[Variable, Variable] = {}
@@ -317,8 +314,6 @@ def _outer_product(node) -> bool:
 
 def _expanded(var: Variable) -> Variable | None:
     """The input of ``var`` if ``var`` only inserts broadcastable axes into it (``x[:, None]``)."""
-    from pytensor.tensor.elemwise import DimShuffle
-
     node = var.owner
     if node is None or not isinstance(node.op, DimShuffle):
         return None
