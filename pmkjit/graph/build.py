@@ -1347,7 +1347,7 @@ class _Builder:
         expr = pytensor.clone_replace(var, {rv: probe.reshape(self.variables[rv.name].shape)})
         f = compile_function([probe], expr)
         fn = _STRUCTURAL[link]
-        rtol = 1e-12 if probe.dtype == expr.dtype == "float64" else 1e-5
+        rtol = self._probe_rtol(var)  # (probe has floatX, expr var's dtype)
         i = np.arange(size, dtype=float)
         bases = (1.5 + i, 0.35 + 2.5 * i, 0.8 + 1.7 * i)
         got = []
