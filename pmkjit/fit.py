@@ -17,6 +17,7 @@ from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine, schedule
 from pmkjit.ep.methods import FactorOracle, KJITMethod, concatenate_answers, grid_possible, quadrature_possible
+from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible
 from pmkjit.ep.joint import JointQuadrature
 from pmkjit.ep.mixture import NormalMixtureMethod
 from pmkjit.ep.normal_scale import NormalScaleMethod
@@ -308,15 +309,20 @@ def fit(
         if store is not None:
             _write_back(store, graph, kjits)
 
-        warn_correlated_pairs(graph, state)
+        collapsed = {fi: m for fi, m in enumerate(methods) if isinstance(m, CollapsedLikelihood)}
+        t0 = time.perf_counter()
+        with default_initial_values(original):
+            idata, given, jointly = assemble_inference_data(model, graph, state, draws, chains, rng,
+                                                            compute_log_likelihood, collapsed)
+        timings["draws"] = time.perf_counter() - t0
+        warn_correlated_pairs(graph, state, collapsed=frozenset(collapsed), jointly=frozenset(jointly))
         # (its own generator: drawing from rng would change every fit's posterior draws)
         warn_correlated_hyperparameters(graph, state, np.random.default_rng(0))
         warn_overlapping_components(graph, state)
         t0 = time.perf_counter()
         with default_initial_values(original):
-            idata, given = assemble_inference_data(model, graph, state, draws, chains, rng, compute_log_likelihood)
             warn_impossible_observations(idata, model, graph.ordered)
-        timings["draws"] = time.perf_counter() - t0
+        timings["draws"] += time.perf_counter() - t0
         # the centring and observed_as_data rewrites rebuild the model, whose free variables
         # come out in another order (x's parent after the regression coefficients)
         idata = as_original(idata, original)
@@ -503,6 +509,14 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
                 by_key.setdefault(f.key, k.operator)
             kjits.append(k)
             methods.append(k)
+        elif oracle == "auto" and method == "kjit" and collapsible(f) and kind in ("quadrature", "grid"):
+            # every instance reads the same few scalars: one site for the whole likelihood,
+            # whose correlation of those scalars instance-by-instance sites drop
+            # (NegativeBinomial(n=n, p=p): sds 0.32 of NUTS's)
+            collapsed = CollapsedLikelihood(f, orc)
+            kjits.append(None)
+            methods.append(collapsed)
+            oracles[-1] = collapsed
         else:
             kjits.append(None)
             methods.append(orc)

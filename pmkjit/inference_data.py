@@ -16,6 +16,7 @@ from scipy.linalg import solve_triangular
 from pymc.model.transform.optimization import freeze_dims_and_data
 from pymc.backends.arviz import coords_and_dims_for_inferencedata, find_constants, find_observations
 
+from pmkjit.ep.collapsed import draw_jointly
 from pmkjit.ep.conditional import ConditionalDraws, conditional_draws
 from pmkjit.families import Gaussian, family_by_name
 from pmkjit.families.base import ExponentialFamily
@@ -24,8 +25,15 @@ from pmkjit.graph.interval import UNIT_PREFIX
 from pmkjit.graph.simplex import STICK_PREFIX
 
 
-def assemble_inference_data(model, graph, state, draws, chains, rng,
-                    with_loglik) -> tuple[az.InferenceData, ConditionalDraws | None]:
+def assemble_inference_data(model, graph, state, draws, chains, rng, with_loglik,
+                            collapsed: dict | None = None) -> tuple[az.InferenceData, ConditionalDraws | None, set[int]]:
+    """Posterior draws from EP's approximation, their deterministics and log-likelihood.
+
+    ``collapsed`` maps factor indices to :class:`~pmkjit.ep.collapsed.CollapsedLikelihood`
+    methods, whose latents are drawn jointly where that is coherent; returns the
+    InferenceData, the conditional draws (or None) and the indices of the factors drawn
+    jointly.
+    """
     posterior = {}
     n = draws * chains
     z = rng.standard_normal((n, graph.n_theta)) if graph.n_theta else None
@@ -39,6 +47,13 @@ def assemble_inference_data(model, graph, state, draws, chains, rng,
         elements.update(given.scales)
     elif graph.n_theta:
         theta = state.mu + solve_triangular(state.chol, z.T, lower=True, trans="T").T
+    jointly = set()
+    if collapsed:
+        # its own generator, so that models without such factors keep their draws
+        sub = np.random.default_rng(rng.integers(2**63 - 1))
+        fixed = frozenset(given.scales) | {"theta"} if given is not None else frozenset()
+        jointly = draw_jointly(graph, state, collapsed, elements, theta if graph.n_theta else None, sub,
+                               fixed=fixed)
     for v in graph.variables.values():
         if v.in_gaussian_block:
             x = theta[:, v.offset : v.offset + v.size]
@@ -84,7 +99,7 @@ def assemble_inference_data(model, graph, state, draws, chains, rng,
         idata.posterior = det
         if with_loglik and model.observed_RVs:
             pm.compute_log_likelihood(idata, model=model, progressbar=False)
-    return idata, given
+    return idata, given, jointly
 
 
 def _predictive_draws(posterior: xr.Dataset | None, model: pm.Model, names: list[str],

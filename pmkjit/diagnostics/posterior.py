@@ -22,7 +22,8 @@ from pmkjit.ep.mixture import overlapping_components
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
 
 
-def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float = 0.8) -> None:
+def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float = 0.8,
+                          collapsed: frozenset[int] = frozenset(), jointly: frozenset[int] = frozenset()) -> None:
     """Warn where a likelihood of two shared latents correlates them strongly.
 
     EP gives each latent its own message, so the posterior correlation of two latents read
@@ -41,6 +42,13 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
     differences. The curvature at one point alone missed a banana-shaped likelihood:
     ``pm.Rice(nu, sigma)`` with both latent (N = 80, robustness round 17) gave -0.50 there,
     no warning, and EP's sds were 0.45 and 0.56 of NUTS's (the joint law: correlation -0.8).
+
+    Factors in ``collapsed`` (indices into ``graph.factors``) had one site for the whole
+    likelihood (:mod:`pmkjit.ep.collapsed`), so EP's marginals are that law's projections
+    onto the latents' families. Those in ``jointly`` had their posterior draws made from
+    the law itself and are not warned about; the others are, where the law's correlation
+    or a marginal the family cannot hold (sd ratio below ``sd_ratio``) makes independent
+    draws from EP's marginals wrong.
     """
     h = 1e-3
     steps = np.array([(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)], dtype=float) * h
@@ -72,13 +80,29 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                 values.append(None)
                 moves.append(lambda d, _eta=eta: _eta[None, :] + d[:, None])
                 points.append(lambda xs, _c=eta - eta[0]: xs[:, None] + _c[None, :])
-                names.append(slot.label)
+                names.append(_linear_name(graph, slot))
             else:
                 break
         else:
             joint = _joint_law(graph, state, fi, f, values, points)
             if joint is not None:
                 rho, ratios = joint
+                if fi in collapsed:
+                    # EP's marginals are this law's projections; the draws are the law's own
+                    # where they could be made from it (pmkjit.ep.collapsed.draw_jointly)
+                    if fi not in jointly and (abs(rho) > threshold or min(ratios) < sd_ratio):
+                        warnings.warn(
+                            f"{f.name}: EP's marginals of {names[0]} and {names[1]} are the projections of their "
+                            "joint law under this likelihood (on a grid) onto their families, with sds "
+                            f"{ratios[0]:.2f} and {ratios[1]:.2f} of the law's, but its posterior draws of them are "
+                            f"independent where the law correlates them at about {rho:.2f}, so a function of both "
+                            "(a ratio, a product, a predictive distribution) may have the wrong spread. A "
+                            "parametrisation with less correlated parameters (NegativeBinomial(mu, alpha), "
+                            "BetaBinomial(mu * kappa, (1 - mu) * kappa)) avoids it; or compare with pm.sample",
+                            UserWarning,
+                            stacklevel=3,
+                        )
+                    continue
                 if abs(rho) > threshold or min(ratios) < sd_ratio:
                     warnings.warn(
                         f"{f.name}: the likelihood correlates {names[0]} and {names[1]} at about {rho:.2f} (their "
@@ -178,6 +202,19 @@ def warn_correlated_hyperparameters(graph, state, rng, threshold: float = 0.6, s
                 UserWarning,
                 stacklevel=3,
             )
+
+
+def _linear_name(graph, slot: LinearSlot) -> str:
+    """The model variable (and element) a linear slot reads, where it reads one coordinate
+    of the Gaussian block (a truncated Normal's location was called "DimShuffle"), else its label."""
+    row = np.asarray(slot.A, dtype=float).reshape(slot.size, -1)[0]
+    nonzero = np.flatnonzero(row)
+    if nonzero.size == 1:
+        j = int(nonzero[0])
+        for v in graph.gaussian_variables:
+            if v.offset <= j < v.offset + v.size:
+                return v.name if v.size == 1 else f"{v.name}[{j - v.offset}]"
+    return slot.label
 
 
 def _joint_law(graph, state, fi, f, values, points, n_grid: int = 81, max_evaluations: float = 2e7):

@@ -320,6 +320,15 @@ def _update_factor(graph: FactorGraph, prior: _Prior, sites: list[list[np.ndarra
         info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t0
         return _damped_update(graph, prior, sites, state, fi, use, new, damping, info)
     marg = _marginals(graph, prior, state, f)
+    if getattr(method, "collapsed", False):
+        # one site for the whole likelihood (pmkjit.ep.collapsed); instance by instance
+        # in a sweep where its cavity is improper or its integral refused
+        new = method.sites([marg[i] for i in f.targets], sites[fi]) if method.active else None
+        info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t0
+        if new is not None:
+            return _damped_update(graph, prior, sites, state, fi, np.arange(f.size), new, damping, info)
+        method.n_per_instance_sweeps += 1
+        method = method.per_instance
     cav, ok = [], np.ones(f.size, bool)
     for k, (slot, m) in enumerate(zip(f.slots, [marg[i] for i in f.targets])):
         natural = m.natural - sites[fi][k]

@@ -44,6 +44,7 @@ _CHECK_MEAN = 0.05  # largest difference of a tilted mean between the grids, in 
 _CHECK_LOG_VAR = 0.1  # largest difference of a tilted log variance between the grids
 _CHUNK = 2_000_000  # grid nodes x entries evaluated at once
 _MIN_RESOLVED = 0.05
+_ZOOM = 0.3  # least shrinking of a frame's sds per pass around a law the nodes do not resolve
 
 
 class GridOracle:
@@ -62,12 +63,22 @@ class GridOracle:
         Least effective number of nodes of an accepted answer, relative to the grid's.
         An answer must also agree with a coarser grid's in the same frame (tilted means
         within 0.05 tilted sds, variances within 10%).
+    max_passes : int, default 2
+        Grids computed before the checked one: each after the first is placed in the frame
+        of the previous one's tilted moments, until two frames agree (means within 0.05
+        sds, variances within 10%). Two suffice when the tilted law is within a few
+        message sds of the first frame; a whole likelihood against its prior
+        (:mod:`pmkjit.ep.collapsed`) is a law tens of times narrower, which the first
+        grid only brackets.
     """
 
     kind = "grid"
 
     def __init__(self, log_factor: Callable, families: Sequence[type[ExponentialFamily]], *,
-                 min_resolved: float = _MIN_RESOLVED):
+                 min_resolved: float = _MIN_RESOLVED, max_passes: int = 2):
+        if max_passes < 2:
+            raise ValueError(f"max_passes must be at least 2, got {max_passes}")
+        self.max_passes = int(max_passes)
         self.log_factor = log_factor
         self.families = tuple(families)
         m = len(self.families)
@@ -79,28 +90,34 @@ class GridOracle:
         self.min_resolved = float(min_resolved)
         self.n_calls = 0
 
-    def __call__(self, messages: Sequence[ExponentialFamily]) -> OracleResult:
-        """Tilted beliefs of every latent variable for a batch of message tuples ``(B,)`` each."""
+    def __call__(self, messages: Sequence[ExponentialFamily], frame: tuple | None = None) -> OracleResult:
+        """Tilted beliefs of every latent variable for a batch of message tuples ``(B,)`` each.
+
+        ``frame``: ``(centre, sd)``, arrays ``(B, m)`` in the unconstrained coordinates, where
+        the first grid goes; by default each message's own mean and sd there.
+        """
         messages = tuple(messages)
         m = len(self.families)
         B = len(messages[0])
         self.n_calls += B
         stats = np.full((m, B, 3), np.nan)
         ess = np.zeros(B)
-        # the messages' own Gaussian frames in u (exact moments of u)
-        mom = [msg.unconstrained_moments() for msg in messages]
-        centre = np.stack([np.asarray(mu, float) for mu, _ in mom], axis=1)
-        sd = np.sqrt(np.stack([np.asarray(v, float) for _, v in mom], axis=1))
+        if frame is None:
+            # the messages' own Gaussian frames in u (exact moments of u)
+            mom = [msg.unconstrained_moments() for msg in messages]
+            centre = np.stack([np.asarray(mu, float) for mu, _ in mom], axis=1)
+            sd = np.sqrt(np.stack([np.asarray(v, float) for _, v in mom], axis=1))
+        else:
+            centre, sd = (np.asarray(a, dtype=float).reshape(B, m) for a in frame)
         rows_per_chunk = max(1, _CHUNK // self._Z.shape[0])
         for lo in range(0, B, rows_per_chunk):
             rows = np.arange(lo, min(B, lo + rows_per_chunk))
-            L0 = sd[rows][:, :, None] * np.eye(m)
-            mu1, cov1, _, _ = self._pass(messages, rows, centre[rows], L0)
-            good = np.isfinite(mu1).all(axis=1) & np.isfinite(cov1).all(axis=(1, 2))
-            good[good] &= well_conditioned(cov1[good])
-            frame = np.where(good[:, None, None], cov1, L0 @ np.swapaxes(L0, 1, 2))
-            centre2 = np.where(good[:, None], mu1, centre[rows])
-            L2 = np.linalg.cholesky(frame)
+            L2 = sd[rows][:, :, None] * np.eye(m)
+            centre2 = centre[rows]
+            for _ in range(self.max_passes - 1):
+                centre2, L2, moved = self._reframe(messages, rows, centre2, L2)
+                if not moved.any():
+                    break
             mu2, cov2, s2, e2 = self._pass(messages, rows, centre2, L2)
             mu3, cov3, _, _ = self._pass(messages, rows, centre2, L2, self._check)
             with np.errstate(all="ignore"):
@@ -112,6 +129,29 @@ class GridOracle:
         accepted = (ess >= self.min_resolved * self._ess_grid) & np.isfinite(stats[..., :2]).all(axis=(0, 2))
         beliefs, accepted = project_beliefs(self.families, stats, accepted)
         return OracleResult(beliefs, ess, accepted)
+
+    def _reframe(self, messages, rows, centre, L):
+        """One grid in frame ``(centre, L)``; the frame of its tilted moments (where they are
+        usable), and which entries' frames moved by more than the answers' check allows."""
+        mu1, cov1, _, e1 = self._pass(messages, rows, centre, L)
+        old = L @ np.swapaxes(L, 1, 2)
+        if self.max_passes > 2:
+            # a law narrower than the node spacing sits on a node or two: their covariance
+            # is no frame, so zoom in on them, at most _ZOOM-fold per pass (the default two
+            # passes keep the first pass's moments as they are)
+            few = np.isfinite(mu1).all(axis=1) & (e1 < self.min_resolved * self._ess_grid)
+            var = np.maximum(np.diagonal(np.nan_to_num(cov1), axis1=1, axis2=2),
+                             _ZOOM**2 * np.diagonal(old, axis1=1, axis2=2))
+            cov1 = np.where(few[:, None, None], var[:, :, None] * np.eye(old.shape[1]), cov1)
+        good = np.isfinite(mu1).all(axis=1) & np.isfinite(cov1).all(axis=(1, 2))
+        good[good] &= well_conditioned(cov1[good])
+        cov = np.where(good[:, None, None], cov1, old)
+        new_centre = np.where(good[:, None], mu1, centre)
+        with np.errstate(all="ignore"):
+            sd_new = np.sqrt(np.diagonal(cov, axis1=1, axis2=2))
+            moved = ~(np.all(np.abs(new_centre - centre) <= _CHECK_MEAN * sd_new, axis=1) & np.all(
+                np.abs(np.log(np.diagonal(old, axis1=1, axis2=2) / sd_new**2)) <= _CHECK_LOG_VAR, axis=1))
+        return new_centre, np.linalg.cholesky(cov), moved & good
 
     def _pass(self, messages, rows, centre, L, grid=None):
         """Tilted mean and covariance in ``u``, statistics ``(m, b, 3)`` and effective nodes ``(b,)``."""
