@@ -2640,3 +2640,27 @@ def test_a_likelihood_correlating_a_regression_with_its_scale_is_warned_about(fo
     # the warning is right: EP's sd of s is too small, by about the figure it gives
     assert ep_ratio < 0.85 and abs(ratio - ep_ratio) < 0.15
     assert float(idata.posterior["a"].std()) < 0.9 * sd_a
+
+
+def test_a_dirichlet_multinomial_is_refused_with_its_chain_of_beta_binomials():
+    # robustness round 20: refused with "write it elementwise" alone; the hint's chain of
+    # BetaBinomials over stick-breaking fractions is checked against PyMC's own
+    # DirichletMultinomial log-density
+    counts = np.array([[12, 5, 3], [9, 8, 3], [15, 2, 3], [4, 10, 6], [8, 8, 4]])
+    with pm.Model() as model:
+        conc = pm.Lognormal("conc", 1, 1)
+        frac = pm.Dirichlet("frac", np.ones(3))
+        pm.DirichletMultinomial("y", n=counts.sum(1), a=conc * frac, observed=counts)
+    with pytest.raises(UnsupportedModelError, match=r"exactly a chain of BetaBinomials") as err:
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    assert ('pm.BetaBinomial(f"y_{k}", n=y[:, k:].sum(axis=1), alpha=conc * rest * v[k], '
+            "beta=conc * rest * (1 - v[k]), observed=y[:, k])") in str(err.value)
+    conc, w = 7.3, np.array([0.5, 0.15, 0.35])
+    v = w / np.cumsum(w[::-1])[::-1]  # w[k] / (w[k] + ... + w[K-1])
+    dm = pm.logp(pm.DirichletMultinomial.dist(n=counts.sum(1), a=conc * w), counts).eval().sum()
+    chain, rest = 0.0, 1.0
+    for k in range(2):
+        chain += pm.logp(pm.BetaBinomial.dist(n=counts[:, k:].sum(1), alpha=conc * rest * v[k],
+                                              beta=conc * rest * (1 - v[k])), counts[:, k]).eval().sum()
+        rest *= 1 - v[k]
+    assert abs(dm - chain) < 1e-8
