@@ -21,6 +21,7 @@ from pmkjit.ep import engine
 from pmkjit.ep.conditional import ConditionalDraws
 from pmkjit.ep.mixture import overlapping_components
 from pmkjit.graph.factor_graph import ElementSlot, LinearSlot
+from pmkjit.graph.simplex import STICK_PREFIX
 
 
 def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float = 0.8) -> None:
@@ -85,7 +86,10 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                 break
         else:
             if len(names) > 2:
-                if varying is None:
+                # not a mixture's components and weights (their posterior is multimodal, and
+                # pmkjit.ep.mixture fits them by its own rules)
+                if varying is None and getattr(f, "mixture", None) is None \
+                        and not any(n.startswith(STICK_PREFIX) for n in names):
                     _warn_correlated_many(graph, f, state, values, moves, h, sd_ratio)
                 continue
             if varying is not None:
@@ -268,7 +272,8 @@ def _warn_correlated_many(graph, f, state, values, moves, h, sd_ratio) -> None:
 def _latent_name(graph, slot) -> str:
     """The latents a slot reads, by name: a LinearSlot's own label is its op's ("DimShuffle")."""
     if isinstance(slot, ElementSlot):
-        return slot.variable
+        var = graph.variables.get(slot.variable)
+        return slot.variable if var is None or var.size == 1 else f"{slot.variable}[{int(slot.index[0])}]"
     read = np.flatnonzero(np.any(np.asarray(slot.A) != 0, axis=0))
     return " + ".join(v.name for v in graph.gaussian_variables
                       if np.any((read >= v.offset) & (read < v.offset + v.size))) or slot.label
