@@ -54,6 +54,7 @@ from pmkjit.graph.factor_graph import (
 from pmkjit.graph.mixture import normal_mixture_spec
 from pmkjit.graph.observed import observed_as_data
 from pmkjit.graph.predictive import predictive_only
+from pmkjit.graph.simplex import STICK_PREFIX
 from pmkjit.graph.pytensor_tools import (
     affine_coefficients,
     compile_function,
@@ -483,12 +484,20 @@ class _Builder:
         _no_nan_data(var, owner)
         op_name = type(node.op).__name__ if node is not None else "an input"
         inner = _inner_operations(var, self.latent_rvs)
+        # a pm.Dirichlet's hidden stick-breaking Betas were named as the latents, and nothing
+        # said why its element frac[k] could not be read (robustness round 20): name the
+        # Dirichlet and what it can be read by
+        names = list(dict.fromkeys(_stick_owner(d.name) for d in deps))
+        dirichlets = [d.name for d in deps if d.name.startswith(STICK_PREFIX)]
         raise UnsupportedModelError(
-            f"{owner}: its parameters depend on latent {', '.join(d.name for d in deps)} through {op_name} "
+            f"{owner}: its parameters depend on latent {', '.join(names)} through {op_name} "
             f"({_label(var)}{'; inside it: ' + inner if inner else ''}), which is neither affine in the "
             "real-valued latents nor elementwise; pmkjit "
             "needs each observation's parameters to be an elementwise function of linear predictors and "
             "scalar latents" + gaussian_process_hint(deps, inner)
+            + ("; a pm.Dirichlet is read as a whole only (the p of a pm.Categorical or pm.Multinomial, or "
+               "mixture weights), not element by element: a probability read alone is a pm.Beta of its own "
+               "(frac[k] of pm.Dirichlet(a) is Beta(a[k], sum(a) - a[k]) a priori)" if dirichlets else "")
         )
 
     def _element_index(self, var: Variable, rv: Variable, plate) -> np.ndarray | None:
@@ -1728,3 +1737,10 @@ _MVNORMAL_SUPPORTED = ("latents and likelihoods with a constant covariance (cov=
 _ZERO_SUM_PRECISION = 1e8  # of a ZeroSumNormal's sum: no variance in the model, sd 1e-4 in EP's
 
 
+
+
+def _stick_owner(name: str) -> str:
+    """The pm.Dirichlet a hidden stick-breaking Beta belongs to (its own name otherwise)."""
+    if not name.startswith(STICK_PREFIX):
+        return name
+    return f"{name[len(STICK_PREFIX):].rsplit('_', 1)[0]} (a pm.Dirichlet)"

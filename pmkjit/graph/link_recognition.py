@@ -36,6 +36,19 @@ ELEMENTWISE_HINTS = {
         "pm.Normal(\"{name}_0\", ..., observed=y[0])); a latent pm.GaussianRandomWalk read by a likelihood "
         "is supported"
     ),
+    # robustness round 20: pm.DirichletMultinomial was refused with "write it elementwise"
+    # alone, where it has no elementwise form as such; it is exactly a chain of BetaBinomials
+    # (the Dirichlet's aggregation property), which pmkjit fits. Written over stick-breaking
+    # fractions (a mean and a dispersion per link) it was within 0.07 NUTS sd, log-sd ratios
+    # 0.97-1.00; with K separate concentration latents, alpha=a[k], beta=a[k+1] + ..., their
+    # posterior correlation was lost (sds 0.74-0.83 of NUTS's)
+    "DirichletMultinomialRV": (
+        ": a Dirichlet-multinomial of counts y (N x K) with concentrations conc * w is exactly a chain "
+        "of BetaBinomials, one a category but the last, over the stick-breaking fractions v[k] = w[k] / "
+        "(w[k] + ... + w[K-1]) as latents (pm.Beta(\"v_k\", 1, K - 1 - k) for w ~ Dirichlet(ones(K))): "
+        "rest = 1; for k in range(K - 1): pm.BetaBinomial(f\"{name}_{{k}}\", n=y[:, k:].sum(axis=1), "
+        "alpha=conc * rest * v[k], beta=conc * rest * (1 - v[k]), observed=y[:, k]); rest = rest * (1 - v[k])"
+    ),
 }
 
 
