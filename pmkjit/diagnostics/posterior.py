@@ -155,6 +155,20 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
             if not (np.isfinite([h11, h22, h12]).all() and h11 < 0 and h22 < 0):
                 continue
             rho = h12 / np.sqrt(h11 * h22)  # the correlation of the inverse of the precision -H
+            if fi in collapsed:
+                if abs(rho) > threshold:
+                    warnings.warn(
+                        f"{f.name}: the likelihood correlates {names[0]} and {names[1]} at about {rho:.2f} (its "
+                        "curvature at EP's posterior means). EP's marginals of the two are the projections of "
+                        "their joint law under it, but its posterior draws of them are independent (too many "
+                        "distinct observations to draw from the law on a grid), so a function of both (a ratio, "
+                        "a product, a predictive distribution) has the wrong spread. A parametrisation with less "
+                        "correlated parameters (NegativeBinomial(mu, alpha), BetaBinomial(mu * kappa, (1 - mu) * "
+                        "kappa)) avoids it; or compare with pm.sample",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+                continue
             if abs(rho) > threshold:
                 warnings.warn(
                     f"{f.name}: the likelihood correlates {names[0]} and {names[1]} at about {rho:.2f} (its "

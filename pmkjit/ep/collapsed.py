@@ -54,7 +54,8 @@ _WIDE_SDS = 14.0  # its coarse range: the cavity's mean +- this many of its sds 
 _WIDE_EDGE = 1e-6  # most mass it may leave on its edge
 _WIDE_RTOL = 5e-3  # agreement with every other node's grid, in tilted sds (the full grid errs about a quarter of that)
 _MAX_REFUSED = 2  # sweeps in a row without a collapsed answer before the factor stays instance by instance
-_DRAW_NODES = {2: 201, 3: 45}  # nodes per axis of the grids joint draws are made on
+_DRAW_NODES = {2: 201, 3: 45}
+_MIN_DRAW_NODES = {2: 61, 3: 25}  # fewer per axis, where many distinct instances make a grid costly: no joint draws  # nodes per axis of the grids joint draws are made on
 _MAX_DRAW_EVALUATIONS = 1e8  # distinct instances x nodes of the grids of one law
 
 
@@ -403,9 +404,11 @@ class CollapsedLikelihood:
     def _draws_on_rotated_grid(self, cavities, marginals, ref, n, rng, priors=None) -> list[np.ndarray] | None:
         """Joint draws on a uniform grid in the law's own frame (see :meth:`joint_draws`)."""
         m = len(cavities)
-        nodes = _DRAW_NODES[m]
-        if nodes**m * self._rows.size > _MAX_DRAW_EVALUATIONS:
+        # two passes of nodes**m nodes, each costing one density per distinct instance
+        nodes = min(_DRAW_NODES[m], int((_MAX_DRAW_EVALUATIONS / (2 * self._rows.size)) ** (1.0 / m)))
+        if nodes < _MIN_DRAW_NODES[m]:
             return None
+        nodes += 1 - nodes % 2  # odd: a node at the frame's centre
         mom = [np.asarray(mg[r:r + 1].unconstrained_moments(), dtype=float)[:, 0] for mg, r in zip(marginals, ref)]
         centre = np.array([mo[0] for mo in mom])
         L = np.diag(np.sqrt([mo[1] for mo in mom]))
