@@ -93,9 +93,19 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
             else:
                 break
         else:
-            if fi in jointly or (fi in collapsed and (len(names) > 2 or varying is not None)):
+            if fi in jointly:
                 # EP's marginals are the collapsed law's projections (pmkjit.ep.collapsed), and
-                # its draws the law's own where they could be made from it
+                # its draws the law's own
+                continue
+            if fi in collapsed and (len(names) > 2 or varying is not None):
+                warnings.warn(
+                    f"{f.name}: EP's marginals of {', '.join(names)} are the projections of their joint law under "
+                    "this likelihood onto their families, but its posterior draws of them are independent (the "
+                    "law could not be drawn from on a grid), so a function of several of them may have the "
+                    "wrong spread; compare with pm.sample",
+                    UserWarning,
+                    stacklevel=3,
+                )
                 continue
             if len(names) > 2:
                 # not a mixture's components and weights (their posterior is multimodal, and
