@@ -150,13 +150,7 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                     )
                 continue
             try:
-                with np.errstate(all="ignore"):
-                    k = iter(range(2))
-                    ins = tuple(m(steps[:, next(k)]) if v is None else np.broadcast_to(v, (len(steps), v.size))
-                                for v, m in _zip_moves(values, moves))
-                    y = np.broadcast_to(np.asarray(f.observed, dtype=float), (len(steps), f.observed.size))
-                    ll = np.sum(f.logp(np.ascontiguousarray(y), tuple(np.ascontiguousarray(a) for a in ins)), axis=1)
-                ll = np.asarray(ll, dtype=float).reshape(3, 3)
+                ll = _log_likelihood_at_steps(f, values, moves, steps).sum(axis=-1)
             except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
                 continue
             h11 = (ll[2, 1] - 2 * ll[1, 1] + ll[0, 1]) / h**2
@@ -356,13 +350,7 @@ def _warn_correlated_predictor(graph, f, state, values, moves, names, varying, s
     _, uv = m.unconstrained_moments()
     uv = float(np.asarray(uv, dtype=float).ravel()[0])
     try:
-        with np.errstate(all="ignore"):
-            k = iter(range(2))
-            ins = tuple(mv(steps[:, next(k)]) if v is None else np.broadcast_to(v, (len(steps), v.size))
-                        for v, mv in _zip_moves(values, moves))
-            y = np.broadcast_to(np.asarray(f.observed, dtype=float), (len(steps), f.observed.size))
-            ll = np.asarray(f.logp(np.ascontiguousarray(y), tuple(np.ascontiguousarray(a) for a in ins)),
-                            dtype=float).reshape(3, 3, -1)
+        ll = _log_likelihood_at_steps(f, values, moves, steps)
     except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
         return
     if pos == 1:  # the stencil's first axis moves the first latent: put the predictor first
@@ -522,6 +510,17 @@ def _law_on_grid(loglik, cavities, centre, half, n_grid: int, max_nodes: int, ma
     if not (s0 > 0 and s1 > 0):
         return None
     return float(np.sum(w * (X0 - m0) * (X1 - m1)) / (s0 * s1)), (float(s0), float(s1))
+
+
+def _log_likelihood_at_steps(f, values, moves, steps) -> np.ndarray:
+    """Each instance's log-likelihood on the 3 x 3 stencil ``steps`` of two latents' moves: ``(3, 3, N)``."""
+    with np.errstate(all="ignore"):
+        k = iter(range(2))
+        ins = tuple(mv(steps[:, next(k)]) if v is None else np.broadcast_to(v, (len(steps), v.size))
+                    for v, mv in _zip_moves(values, moves))
+        y = np.broadcast_to(np.asarray(f.observed, dtype=float), (len(steps), f.observed.size))
+        return np.asarray(f.logp(np.ascontiguousarray(y), tuple(np.ascontiguousarray(a) for a in ins)),
+                          dtype=float).reshape(3, 3, -1)
 
 
 def _zip_moves(values, moves):
