@@ -165,9 +165,8 @@ class CollapsedLikelihood:
     @property
     def active(self) -> bool:
         """Whether to try the collapsed integral this sweep: not after ``_MAX_REFUSED``
-        sweeps in a row without one (a law with a long flat side, e.g. ``pm.Rice`` whose
-        ``nu`` the data leave free towards 0, which quadrature cannot contain at the peak's
-        resolution, is answered instance by instance instead of failing every sweep)."""
+        sweeps in a row without one (a law that neither quadrature nor the wide grid
+        contains is answered instance by instance instead of failing every sweep)."""
         return self._refused < _MAX_REFUSED
 
     @property
