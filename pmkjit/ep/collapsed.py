@@ -54,17 +54,18 @@ _WIDE_SDS = 14.0  # its coarse range: the cavity's mean +- this many of its sds 
 _WIDE_EDGE = 1e-6  # most mass it may leave on its edge
 _WIDE_RTOL = 5e-3  # agreement with every other node's grid, in tilted sds (the full grid errs about a quarter of that)
 _MAX_REFUSED = 2  # sweeps in a row without a collapsed answer before the factor stays instance by instance
-_DRAW_NODES = {2: 201, 3: 45}
-_MIN_DRAW_NODES = {2: 61, 3: 25}  # fewer per axis, where many distinct instances make a grid costly: no joint draws  # nodes per axis of the grids joint draws are made on
+_DRAW_NODES = {2: 201, 3: 45}  # nodes per axis of the grids joint draws are made on
+_MIN_DRAW_NODES = {2: 61, 3: 25}  # fewer per axis, where many distinct instances make a grid costly: no joint draws
 _MAX_DRAW_EVALUATIONS = 1e8  # distinct instances x nodes of the grids of one law
 
 
 def collapsible(f: BlackBoxFactor) -> bool:
     """Whether every instance of likelihood ``f`` reads the same two or three scalar latents.
 
-    Element slots must name one element for all instances; linear slots must be one
-    projection of the Gaussian block (their offsets may differ: ``mu + d_n`` is ``mu``
-    shifted by a constant per instance). Data inputs may differ per instance. Factors
+    Element slots must name one element for all instances; linear slots must be multiples
+    of one projection of the Gaussian block, with any offsets (``s_n * b + d_n``: data
+    times a latent coefficient plus constants, :func:`_scales`). Data inputs may differ per
+    instance. Factors
     with a semi-analytic, mixture or joint method keep it.
     """
     if (f.kind != "likelihood" or f.logp is None or f.density_source != "pymc" or f.observed is None
@@ -201,10 +202,8 @@ class CollapsedLikelihood:
             oracle = GridOracle(lambda xs, _rows: self._log_likelihood(xs), [type(c) for c in cavities],
                                 max_passes=_GRID_PASSES)
             # the first frame: EP's marginals, near the tilted law once the factor has sites
-            frame = [np.asarray(m[r:r + 1].unconstrained_moments(), dtype=float)[:, 0]
-                     for m, r in zip(marginals, ref)]
-            result = oracle(tuple(cavities), frame=(np.array([[fr[0] for fr in frame]]),
-                                                     np.sqrt(np.array([[fr[1] for fr in frame]]))))
+            centre, var = _marginal_frames(marginals, ref)
+            result = oracle(tuple(cavities), frame=(centre[None, :], np.sqrt(var)[None, :]))
             beliefs = result.beliefs if bool(np.asarray(result.accepted)[0]) else None
         else:
             # Adaptive quadrature, or for a law with a long flat side (Rice's nu towards 0
@@ -317,9 +316,8 @@ class CollapsedLikelihood:
         if sum((a + b) ** 2 for a, b in _WIDE_PASSES) * self._rows.size > _MAX_DRAW_EVALUATIONS:
             return None
         ranges, fine = [], []
-        for c, mg, r in zip(cavities, marginals, ref):
+        for c, qm, qv in zip(cavities, *_marginal_frames(marginals, ref)):
             cm, cv = (float(np.asarray(a)[0]) for a in c.unconstrained_moments())
-            qm, qv = (float(np.asarray(a)[0]) for a in mg[r:r + 1].unconstrained_moments())
             if not (np.isfinite([cm, cv, qm, qv]).all() and cv > 0 and qv > 0):
                 return None
             ranges.append((cm - _WIDE_SDS * np.sqrt(cv), cm + _WIDE_SDS * np.sqrt(cv)))
@@ -344,10 +342,16 @@ class CollapsedLikelihood:
     def _log_law(self, cavities, axes, priors=None) -> np.ndarray | None:
         """Log density (unnormalised) of the collapsed law on the product of ``axes`` (unconstrained)."""
         U = np.meshgrid(*axes, indexing="ij")
+        logw = self._log_law_at(cavities, [u.ravel() for u in U], priors)
+        return None if logw is None else logw.reshape(U[0].shape)
+
+    def _log_law_at(self, cavities, us: Sequence[np.ndarray], priors=None) -> np.ndarray | None:
+        """Log density (unnormalised) of the collapsed law at points ``us`` (one unconstrained
+        coordinate array per latent); ``-inf`` where it cannot be evaluated, None if nowhere."""
         with np.errstate(all="ignore"):
-            logw = _log_cavities(cavities, [u.ravel() for u in U], priors)
-            logw = logw + self._log_likelihood([type(c).from_unconstrained(u.ravel()) for c, u in zip(cavities, U)])
-        logw = np.where(np.isnan(logw) | (logw == np.inf), -np.inf, logw).reshape(U[0].shape)
+            logw = _log_cavities(cavities, us, priors)
+            logw = logw + self._log_likelihood([type(c).from_unconstrained(u) for c, u in zip(cavities, us)])
+        logw = np.where(np.isnan(logw) | (logw == np.inf), -np.inf, logw)
         return logw if np.isfinite(logw.max()) else None
 
     def _cavities(self, marginals, sites) -> tuple[list[ExponentialFamily], list[int]] | None:
@@ -408,19 +412,14 @@ class CollapsedLikelihood:
         if nodes < _MIN_DRAW_NODES[m]:
             return None
         nodes += 1 - nodes % 2  # odd: a node at the frame's centre
-        mom = [np.asarray(mg[r:r + 1].unconstrained_moments(), dtype=float)[:, 0] for mg, r in zip(marginals, ref)]
-        centre = np.array([mo[0] for mo in mom])
-        L = np.diag(np.sqrt([mo[1] for mo in mom]))
+        centre, var = _marginal_frames(marginals, ref)
+        L = np.diag(np.sqrt(var))
         for half in (8.0, 6.5):  # EP's frame, then the law's own
             z1 = np.linspace(-half, half, nodes)
             Z = np.stack(np.meshgrid(*([z1] * m), indexing="ij"), axis=-1).reshape(-1, m)
             U = centre + Z @ L.T
-            with np.errstate(all="ignore"):
-                logw = _log_cavities(cavities, list(U.T), priors)
-                logw = logw + self._log_likelihood([type(c).from_unconstrained(U[:, k])
-                                                    for k, c in enumerate(cavities)])
-            logw = np.where(np.isnan(logw) | (logw == np.inf), -np.inf, logw)
-            if not np.isfinite(logw.max()):
+            logw = self._log_law_at(cavities, list(U.T), priors)
+            if logw is None:
                 return None
             w = np.exp(logw - logw.max())
             w /= w.sum()
@@ -532,6 +531,14 @@ def draw_jointly(graph, state, methods: dict[int, CollapsedLikelihood], elements
             taken |= keys
             done.add(fi)
     return done
+
+
+def _marginal_frames(marginals, ref) -> tuple[np.ndarray, np.ndarray]:
+    """EP's marginal of each latent (at its reference instance) as mean and variance of its
+    unconstrained coordinate: where the collapsed law's grids are first placed."""
+    mom = np.array([np.asarray(m[r:r + 1].unconstrained_moments(), dtype=float)[:, 0]
+                    for m, r in zip(marginals, ref)])
+    return mom[:, 0], mom[:, 1]
 
 
 def _trapezoid(u: np.ndarray) -> np.ndarray:
