@@ -237,7 +237,6 @@ def fit(
     warn_non_centred(graph)
     warn_latent_conditions(original)  # (the names the user wrote)
     warn_bounded_beside_linear(graph, signed_latents(original, bounded))
-    warn_latent_degrees_of_freedom(model)
     warn_latent_skewness(model)
     methods, kjits, oracles = _methods(graph, method, oracle, store, n_importance_samples, tol, rng)
     # EP's own linear algebra is on the joint Gaussian of the real latents (tens to
@@ -309,13 +308,14 @@ def fit(
         if store is not None:
             _write_back(store, graph, kjits)
 
-        collapsed = {fi: m for fi, m in enumerate(methods) if isinstance(m, CollapsedLikelihood)}
+        collapsed = {fi: m for fi, m in enumerate(methods) if isinstance(m, CollapsedLikelihood) and m.current}
         t0 = time.perf_counter()
         with default_initial_values(original):
             idata, given, jointly = assemble_inference_data(model, graph, state, draws, chains, rng,
                                                             compute_log_likelihood, collapsed)
         timings["draws"] = time.perf_counter() - t0
         warn_correlated_pairs(graph, state, collapsed=frozenset(collapsed), jointly=frozenset(jointly))
+        warn_latent_degrees_of_freedom(model, whole=frozenset(graph.factors[fi].name for fi in collapsed))
         # (its own generator: drawing from rng would change every fit's posterior draws)
         warn_correlated_hyperparameters(graph, state, np.random.default_rng(0))
         warn_overlapping_components(graph, state)

@@ -1638,29 +1638,33 @@ def test_draws_where_the_data_are_impossible_are_warned_about():
     assert abs(thinned - share) < 0.1  # 100 of the 2,000 draws
 
 
-def test_a_latent_student_t_nu_is_warned_about_and_too_narrow_against_the_grid():
-    """EP's marginal of a Student-t's latent ``nu`` is narrower than the posterior (0.42 of
+def test_a_latent_student_t_nu_is_drawn_from_its_law_against_the_grid():
+    """EP's marginal of a Student-t's latent ``nu`` was narrower than the posterior (0.42 of
     NUTS's sd on a robust regression, N = 150, converged with no warning: robustness round
-    15). On a location model with a known scale (N = 30) the exact posterior is a 2-D grid:
-    ``mu`` is exact, ``nu`` 0.63 of the exact sd; the warning says so, and this test fails
-    once EP's ``nu`` is no longer too narrow."""
+    15), and ``fit`` warned. Fitted as one site (:mod:`pmkjit.ep.collapsed`), a location model
+    with a known scale (N = 30, the exact posterior a 2-D grid) has ``mu`` exact and ``nu``'s
+    draws, made from the collapsed law, with its mean and sd; no warning. EP's Gamma marginal
+    of ``nu`` has the law's ``E[nu]`` and ``E[log nu]`` but 0.81 of its sd (the tail)."""
     y = 0.5 + np.random.default_rng(3).standard_t(3, 30)
     with pm.Model() as model:
         mu = pm.Normal("mu", 0, 5)
         nu = pm.Gamma("nu", 2, 0.1)
         pm.StudentT("y", nu=nu, mu=mu, sigma=1.0, observed=y)
-    with pytest.warns(UserWarning, match="y: the Student-t's degrees of freedom depend on the latent nu"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
         idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, compute_log_likelihood=False)
+    assert idata.ep.attrs["factor_methods"] == "y: collapsed quadrature"
     m = np.linspace(-2.5, 3.5, 301)[:, None]
     n = np.exp(np.linspace(np.log(0.2), np.log(400), 1200))[None, :]  # log-spaced: Jacobian n
     logp = stats.norm.logpdf(m, 0, 5) + stats.gamma.logpdf(n, 2, scale=10) + np.log(n)
     logp = logp + stats.t.logpdf(y[:, None, None], n, m, 1.0).sum(0)
     post = pmkjit.ep_posterior(idata)
     mean, sd = grid_moments(logp, m)
-    assert abs(post["mu"].mean()[0] - mean) < 0.05 * sd and abs(np.sqrt(post["mu"].var()[0]) / sd - 1) < 0.05
+    assert abs(post["mu"].mean()[0] - mean) < 0.01 * sd and abs(np.sqrt(post["mu"].var()[0]) / sd - 1) < 0.01
     mean, sd = grid_moments(logp, n)
-    assert abs(post["nu"].mean()[0] - mean) < 0.2 * sd
-    assert np.sqrt(post["nu"].var()[0]) < 0.85 * sd
+    assert abs(post["nu"].mean()[0] - mean) < 0.01 * sd
+    draws = idata.posterior["nu"].values.ravel()
+    assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.15
 
 
 def test_a_latent_truncation_lives_within_its_base_support():
@@ -2624,35 +2628,42 @@ def _gamma_mean_sd_regression_on_grid(x, y):
     return sds
 
 
-@pytest.mark.parametrize("form", ["mu-sigma", "shape-rate"])
+@pytest.mark.parametrize("form", ["mu-sigma", "shape-rate", "one site"])
 def test_a_likelihood_correlating_a_regression_with_its_scale_is_warned_about(form):
     # pm.Gamma(mu=exp(a + b * x), sigma=s) converged with sds of a and s 0.78 and 0.74 of NUTS's,
     # silently (robustness round 20): the shape mu**2 / s**2 ties s to the intercept (NUTS:
     # correlation of a and log s 0.66), and the pair check looked only at two scalars read by
     # every instance, where this predictor differs per instance. The shape-rate form is fine.
+    # By default the likelihood is now one site (pmkjit.ep.collapsed, "one site"): no warning,
+    # the sds of the grid; instance by instance (method="quadrature") it is warned about.
     rng = np.random.default_rng(0)
     x = rng.normal(size=60)
     y = rng.gamma(4.0, np.exp(0.5 + 0.4 * x) / 4.0)
     with pm.Model() as model:
         a = pm.Normal("a", 0, 2)
         b = pm.Normal("b", 0, 1)
-        if form == "mu-sigma":
-            pm.Gamma("y", mu=pm.math.exp(a + b * x), sigma=pm.HalfNormal("s", 1), observed=y)
-        else:
+        if form == "shape-rate":
             k = pm.Gamma("k", 2, 0.5)
             pm.Gamma("y", alpha=k, beta=k / pm.math.exp(a + b * x), observed=y)
+        else:
+            pm.Gamma("y", mu=pm.math.exp(a + b * x), sigma=pm.HalfNormal("s", 1), observed=y)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=500, chains=1,
-                           compute_log_likelihood=False)
+                           compute_log_likelihood=False, method="kjit" if form == "one site" else "quadrature")
     hits = [str(w.message) for w in caught if "with the coefficients of its predictor" in str(w.message)]
     if form == "shape-rate":
         assert hits == []
         return
+    sd_a, sd_s = _gamma_mean_sd_regression_on_grid(x, y)
+    if form == "one site":
+        assert hits == [] and "y: collapsed grid" in idata.ep.attrs["factor_methods"]
+        assert abs(float(idata.posterior["s"].std()) / sd_s - 1) < 0.08
+        assert abs(float(idata.posterior["a"].std()) / sd_a - 1) < 0.08
+        return
     (message,) = hits
     assert message.startswith("y: the likelihood correlates s with the coefficients of its predictor (a, b)")
     ratio = float(re.search(r"may be about ([0-9.]+) of the exact one", message).group(1))
-    sd_a, sd_s = _gamma_mean_sd_regression_on_grid(x, y)
     ep_ratio = float(idata.posterior["s"].std()) / sd_s
     # the warning is right: EP's sd of s is too small, by about the figure it gives
     assert ep_ratio < 0.85 and abs(ratio - ep_ratio) < 0.15

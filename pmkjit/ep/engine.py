@@ -323,7 +323,7 @@ def _update_factor(graph: FactorGraph, prior: _Prior, sites: list[list[np.ndarra
     if getattr(method, "collapsed", False):
         # one site for the whole likelihood (pmkjit.ep.collapsed); instance by instance
         # in a sweep where its cavity is improper or its integral refused
-        new = method.sites([marg[i] for i in f.targets], sites[fi]) if method.active else None
+        new = method.sites([marg[i] for i in f.targets], sites[fi], state) if method.active else None
         info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t0
         if new is not None:
             return _damped_update(graph, prior, sites, state, fi, np.arange(f.size), new, damping, info)
