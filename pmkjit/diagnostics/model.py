@@ -23,8 +23,8 @@ def warn_latent_degrees_of_freedom(model: pm.Model, whole: frozenset[str] = froz
     """Warn where a Student-t likelihood's degrees of freedom ``nu`` depend on a latent.
 
     Not for the likelihoods named in ``whole``, fitted as one site (:mod:`pmkjit.ep.collapsed`:
-    a regression with latent ``nu`` and scale, N = 100, sds 0.94-1.04 of NUTS's, where
-    instance-by-instance sites gave ``nu`` 0.67 and the scale 0.76).
+    a regression with latent ``nu`` and scale, N = 100, sds 0.97-1.04 of NUTS's, where
+    instance-by-instance sites gave ``nu`` 0.39-0.67 and the scale 0.76, on two data sets).
 
     EP's marginal of ``nu`` comes out too narrow, with no sign of it in the run: its
     posterior has a long right tail, and is correlated with the likelihood's scale, which
