@@ -182,20 +182,36 @@ def _split(C: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     ``sum_n q_n C_n C_n^T = Q`` (``G m = vech(Q)``); None where that system is singular (fewer
     distinct predictor directions than ``Q`` has entries: a two-group design).
 
-    ``phi_n`` is the quadratic form ``C_n^T M C_n / |C_n|^2``, so for one coordinate every
-    instance gets the same precision, as before the regression case existed.
+    ``phi_n`` is the quadratic form ``C_n^T M C_n / |C_n|^2`` (its mean over directions,
+    ``trace(M) / k``, for an instance that reads a constant, ``C_n = 0``, whose site adds
+    nothing), so for one coordinate every instance gets the same precision.
     """
     k = C.shape[1]
     iu = np.triu_indices(k)
     outer = C[:, iu[0]] * C[:, iu[1]]  # the entries of C_n C_n^T on and above the diagonal
     norm = np.einsum("nk,nk->n", C, C)
     with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(norm > 0, 1.0 / norm, 0.0)
-    phi = outer * np.where(iu[0] == iu[1], 1.0, 2.0) * scale[:, None]
+        phi = np.where((norm > 0)[:, None], outer * np.where(iu[0] == iu[1], 1.0, 2.0) / norm[:, None],
+                       np.where(iu[0] == iu[1], 1.0 / k, 0.0))
     G = outer.T @ phi
     if not np.linalg.cond(G) < 1e10:
         return None
     return phi, G
+
+
+def _on_reference(site: np.ndarray, C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The instances' Gaussian sites ``(N, 2)`` (natural parameters on each ``eta_n = C_n . e +
+    d_n``) summed and written on the reference predictors ``e``: ``(g, Q)``, ``g . e + e^T Q e``."""
+    return C.T @ (site[:, 0] + 2.0 * site[:, 1] * d), np.einsum("n,ni,nj->ij", site[:, 1], C, C)
+
+
+def _to_instances(g: np.ndarray, Q: np.ndarray, C: np.ndarray, d: np.ndarray, split: tuple) -> np.ndarray:
+    """A site ``(g, Q)`` on the reference predictors as the instances' sites ``(N, 2)`` whose
+    :func:`_on_reference` it is: quadratic coefficients from :func:`_split`, linear ones
+    ``C_n . g'`` with ``sum_n C_n C_n^T g' = g``, less the offsets' share."""
+    phi, G = split
+    q = phi @ np.linalg.solve(G, Q[np.triu_indices(C.shape[1])])
+    return np.stack([C @ np.linalg.solve(C.T @ C, g) - 2.0 * q * d, q], axis=1)
 
 
 class CollapsedLikelihood:
@@ -241,6 +257,8 @@ class CollapsedLikelihood:
         self._linear = [None if b is None or b[0].size > 1 else (int(b[0][0]), b[1][:, 0], b[2]) for b in bases]
         self._basis = None if self._block is None else bases[self._block]
         self._dims = [1 if b is None else b[0].size for b in bases]  # coordinates of each latent input
+        # per linear latent input: how a site on its reference predictors is shared out
+        self._splits = {k: _split(b[1]) for k, b in enumerate(bases) if b is not None}
         y = np.asarray(f.observed, dtype=float).reshape(f.size)
         data = {i: np.asarray(s.values, dtype=float).reshape(f.size)
                 for i, s in enumerate(f.inputs) if isinstance(s, DataSlot)}
@@ -343,11 +361,9 @@ class CollapsedLikelihood:
             if self._linear[k] is None:
                 out.append(np.broadcast_to(delta / f.size, (f.size, 2)).copy())
                 continue
-            # shares of the site in eta_r proportional to s_n^2, each written on its eta_n (an
-            # instance with s_n = 0 reads a constant and gets a site that adds nothing)
+            # shares of the site in eta_r proportional to s_n^2, each written on its eta_n
             _, sc, d = self._linear[k]
-            S = np.sum(sc**2)
-            out.append(np.stack([(delta[0] * sc - 2.0 * delta[1] * d) / S, np.full(f.size, delta[1] / S)], axis=1))
+            out.append(_to_instances(delta[:1], delta[1:].reshape(1, 1), sc[:, None], d, self._splits[k]))
         return out
 
     def _regression_law(self, marginals, sites, state) -> tuple | None:
@@ -378,8 +394,8 @@ class CollapsedLikelihood:
         site = np.asarray(sites[self._block], dtype=float)
         try:
             P_q = linalg.cho_solve(linalg.cho_factor(cov_q, lower=True), np.eye(k))
-            P = P_q + 2.0 * np.einsum("n,ni,nj->ij", site[:, 1], C, C)
-            h = P_q @ mean_q - C.T @ (site[:, 0] + 2.0 * site[:, 1] * d)
+            g, Q = _on_reference(site, C, d)
+            P, h = P_q + 2.0 * Q, P_q @ mean_q - g  # (Q is minus half the sites' precision)
             K = np.linalg.cholesky(P)
         except np.linalg.LinAlgError:
             return None
@@ -446,15 +462,11 @@ class CollapsedLikelihood:
         if not (np.isfinite(Q).all() and np.isfinite(g).all()):
             return None
         _, C, d = self._basis
-        phi, G = _split(C)
-        iu = np.triu_indices(k)
-        q = phi @ np.linalg.solve(G, Q[iu])  # each instance's quadratic coefficient on eta_n
-        lin = C @ np.linalg.solve(C.T @ C, g)  # ... and its linear one, less the offset's share
         out = []
         for j, (bel, cav) in enumerate(zip(beliefs, cavities)):
             if b <= j < b + k:
                 if j == b:
-                    out.append(np.stack([lin - 2.0 * q * d, q], axis=1))
+                    out.append(_to_instances(g, Q, C, d, self._splits[b]))
                 continue
             delta = (np.asarray(bel.natural, dtype=float) - np.asarray(cav.natural, dtype=float))[0]
             if not np.all(np.isfinite(delta)):
@@ -589,7 +601,8 @@ class CollapsedLikelihood:
             if self._linear[k] is not None:
                 # instance n's Gaussian site on eta_n = s_n eta_r + d_n, written in eta_r
                 r, sc, d = self._linear[k]
-                site = np.stack([sc * (site[:, 0] + 2.0 * site[:, 1] * d), site[:, 1] * sc**2], axis=1)
+                g, Q = _on_reference(site, sc[:, None], d)
+                site = np.array([[g[0], Q[0, 0]]])
             cav = type(m).from_natural(np.asarray(m.natural[r:r + 1], dtype=float) - site.sum(axis=0))
             if not np.all(cav.is_proper()):
                 return None
