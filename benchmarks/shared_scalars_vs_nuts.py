@@ -7,7 +7,8 @@ Student-t with latent location and scale, an ex-Gaussian), and nonlinear regress
 latents (``LogNormal(mu=log(A) + b * x)``, Michaelis-Menten, an exponential decay, a logistic
 regression with a ``LogNormal`` slope), and regressions ``a + b * x`` beside a latent scale or
 shape (Tobit, truncated, Gamma, Weibull, Student-t and negative-binomial; a Student-t with latent
-degrees of freedom; a Gamma regression on two predictors), written as a PyMC user would. pmkjit gives each such
+degrees of freedom; Gamma regressions on two and three predictors, and on 12,000 observations;
+negative-binomial and Student-t regressions on three predictors), written as a PyMC user would. pmkjit gives each such
 likelihood one site (``pmkjit.ep.collapsed``) and draws its latents jointly from that site's
 law; ``--instance-by-instance`` turns that off (one site per observation, independent draws, as
 before) for a side-by-side ablation.
@@ -249,12 +250,56 @@ def gamma_two_predictor_regression(rng):
     return m
 
 
+def gamma_three_predictor_regression(rng):
+    # a + X @ b with three predictors beside the scale: five coordinates, by nested Laplace
+    X = rng.normal(size=(200, 3))
+    y = rng.gamma(3.0, np.exp(0.8 + X @ [0.5, -0.3, 0.2]) / 3.0)
+    with pm.Model() as m:
+        a, b = pm.Normal("a", 0, 2), pm.Normal("b", 0, 1, shape=3)
+        pm.Gamma("y", mu=pm.math.exp(a + pm.math.dot(X, b)), sigma=pm.HalfNormal("s", 2), observed=y)
+    return m
+
+
+def negbin_three_predictor_regression(rng):
+    X = rng.normal(size=(200, 3))
+    mu = np.exp(1.0 + X @ [0.5, -0.3, 0.2])
+    y = rng.negative_binomial(2.0, 2.0 / (2.0 + mu))
+    with pm.Model() as m:
+        a, b = pm.Normal("a", 0, 2), pm.Normal("b", 0, 1, shape=3)
+        pm.NegativeBinomial("y", mu=pm.math.exp(a + pm.math.dot(X, b)), alpha=pm.Exponential("alpha", 0.5),
+                            observed=y)
+    return m
+
+
+def robust_three_predictor_regression(rng):
+    # Student-t with latent degrees of freedom on three predictors: two elements beside them
+    X = rng.normal(size=(200, 3))
+    y = 1 + X @ [0.5, -0.3, 0.2] + 0.5 * rng.standard_t(3, 200)
+    with pm.Model() as m:
+        a, b = pm.Normal("a", 0, 2), pm.Normal("b", 0, 1, shape=3)
+        pm.StudentT("y", nu=pm.Gamma("nu", 2, 0.1), mu=a + pm.math.dot(X, b), sigma=pm.HalfNormal("s", 2),
+                    observed=y)
+    return m
+
+
+def gamma_large_regression(rng):
+    # the Gamma regression on 12,000 observations: beyond the rotated grid's cost guard
+    x = rng.normal(size=12_000)
+    y = rng.gamma(4.0, np.exp(0.3 + 0.5 * x) / 4.0)
+    with pm.Model() as m:
+        a, b = pm.Normal("a", 0, 2), pm.Normal("b", 0, 2)
+        pm.Gamma("y", mu=pm.math.exp(a + b * x), sigma=pm.HalfNormal("s", 2), observed=y)
+    return m
+
+
 MODELS = {f.__name__: f for f in (negbin, betabinom, gamma, weibull, inverse_gamma, kumaraswamy, discrete_weibull,
                                    rice, truncated_normal, laplace, studentt, exgaussian, lognormal_power,
                                    michaelis_menten, exponential_decay, logistic_positive_slope,
                                    tobit_regression, truncated_regression, gamma_regression, weibull_regression,
                                    studentt_regression, negbin_regression, robust_regression,
-                                   gamma_two_predictor_regression)}
+                                   gamma_two_predictor_regression, gamma_three_predictor_regression,
+                                   negbin_three_predictor_regression, robust_three_predictor_regression,
+                                   gamma_large_regression)}
 
 
 def compare(name: str, seed: int, variant: str) -> dict:

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.polynomial.hermite_e import hermegauss
 from scipy import linalg
 
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
@@ -82,6 +83,26 @@ _MAX_SITE_EVALUATIONS = 2e7  # distinct instances x nodes of one pass of it (a r
 _DRAW_NODES = {2: 201, 3: 45, 4: 21}  # nodes per axis of the grids joint draws are made on
 _MIN_DRAW_NODES = {2: 61, 3: 25, 4: 15}  # fewer per axis, where many distinct instances make a grid costly: no joint draws
 _MAX_DRAW_EVALUATIONS = 1e8  # distinct instances x nodes of the grids of one law
+# A regression of more coordinates than the rotated grid takes (three or more predictors, or
+# many observations) is integrated by nested Laplace instead (:meth:`_laplace_grid`): its one
+# or two element latents on a rotated grid, the predictor's coefficients given them by a
+# Gaussian at their conditional mode.
+_MAX_LAPLACE_RANK = 12  # coordinates of the predictor (its site's split has k (k + 1) / 2 entries)
+_MAX_LAPLACE_ELEMENTS = 2
+# nodes per axis of the elements' grid (spacings 0.33 and 0.54 of the law's sds over +-6.5,
+# where the trapezoid rule's error on a Gaussian is below 1e-15), and the effective nodes
+# below which it zooms in (a Gaussian law has 11 and 43)
+_LAPLACE_NODES = {1: 41, 2: 25}
+_LAPLACE_RESOLVED = {1: 8.0, 2: 20.0}
+_LAPLACE_BUDGET = {1: 400, 2: 4000}  # most nodes it may widen to
+_NEWTON_STEPS = 50
+_NEWTON_TOL = 1e-10  # Newton decrement (log density) at which a conditional mode is found
+# the decrement below which a search that can no longer ascend (the central differences'
+# round-off: their gradient carries about 1e-8 of each instance's log density) is at the
+# mode: 1e-3 of a conditional sd from it
+_STALLED_TOL = 1e-6
+_FD_STEP = 1e-4  # relative step of the central differences of each instance's log density
+_MAX_CUBATURE_EVALUATIONS = 5e7  # distinct instances x nodes x points of the correction's cubature
 
 
 def collapsible(f: BlackBoxFactor) -> bool:
@@ -97,10 +118,11 @@ def collapsible(f: BlackBoxFactor) -> bool:
     return _layout(f) is not None
 
 
-def _layout(f: BlackBoxFactor) -> tuple[list, int | None] | None:
+def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
     """Per latent input of ``f``, None (an element) or the basis ``(R, C, d)`` of a linear
-    slot, and the position of the one regression slot (rank two or more) if any; None where
-    ``f`` is not collapsible."""
+    slot; the position of the one regression slot (rank two or more) if any, and how its law
+    is integrated (``"grid"``, the rotated grid, or ``"laplace"``, nested Laplace); None
+    where ``f`` is not collapsible."""
     if (f.kind != "likelihood" or f.logp is None or f.density_source != "pymc" or f.observed is None
             or f.analytic is not None or f.mixture is not None or f.joint or f.from_prior or f.size < 2):
         return None
@@ -117,7 +139,7 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None] | None:
                 return None
             bases.append(None)
         elif isinstance(s, LinearSlot):
-            basis = _basis(s, _MAX_REGRESSION_DIMS - 1)
+            basis = _basis(s, _MAX_LAPLACE_RANK)
             if basis is None:
                 return None
             if basis[0].size > 1:
@@ -128,24 +150,26 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None] | None:
         else:
             return None
     dims = sum(1 if b is None else b[0].size for b in bases)
-    if dims > (_MAX_LATENTS if block is None else _MAX_REGRESSION_DIMS):
+    if block is None:
+        return (bases, None, None) if dims <= _MAX_LATENTS and (
+            dims < 3 or all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent)) else None
+    if not all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent):
         return None
-    if dims >= 3 and not all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent):
+    # the regression's coefficients beside elements only (another linear slot's
+    # coordinates would be correlated with them a priori), and its site must be
+    # expressible as the instances' sites on their own predictors (:func:`_split`)
+    if any(b is not None for k, b in enumerate(bases) if k != block):
         return None
-    if block is not None:
-        # the regression's coefficients beside elements only (another linear slot's
-        # coordinates would be correlated with them a priori), and its site must be
-        # expressible as the instances' sites on their own predictors (:func:`_split`)
-        if any(b is not None for k, b in enumerate(bases) if k != block):
-            return None
-        if _split(bases[block][1]) is None:
-            return None
-        # and its rotated grid must stay affordable: beyond, each pass would cost more than
-        # the whole instance-by-instance sweep it replaces (N = 10,800 with three coordinates,
-        # 1,190 with four)
-        if _SITE_NODES[dims][1] ** dims * f.size > _MAX_REGRESSION_EVALUATIONS:
-            return None
-    return bases, block
+    if _split(bases[block][1]) is None:
+        return None
+    # the rotated grid where it is affordable: beyond, each pass would cost more than the
+    # whole instance-by-instance sweep it replaces (N = 10,800 with three coordinates,
+    # 1,190 with four); nested Laplace for more coordinates or instances
+    if dims <= _MAX_REGRESSION_DIMS and _SITE_NODES[dims][1] ** dims * f.size <= _MAX_REGRESSION_EVALUATIONS:
+        return bases, block, "grid"
+    if dims - bases[block][0].size <= _MAX_LAPLACE_ELEMENTS:
+        return bases, block, "laplace"
+    return None
 
 
 def _basis(slot: LinearSlot, max_rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -253,7 +277,7 @@ class CollapsedLikelihood:
         # input as s_n * eta_r + d_n (data times a latent coefficient, plus constants); a
         # regression's predictor a + b * x_n instead has reference instances R and
         # eta_n = C_n . eta_R + d_n, its k coordinates of the law jointly Gaussian a priori
-        bases, self._block = layout
+        bases, self._block, self._integrator = layout
         self._linear = [None if b is None or b[0].size > 1 else (int(b[0][0]), b[1][:, 0], b[2]) for b in bases]
         self._basis = None if self._block is None else bases[self._block]
         self._dims = [1 if b is None else b[0].size for b in bases]  # coordinates of each latent input
@@ -275,7 +299,8 @@ class CollapsedLikelihood:
 
     @property
     def kind(self) -> str:
-        kind = "collapsed quadrature" if sum(self._dims) <= 2 else "collapsed grid"
+        kind = ("collapsed Laplace" if self._integrator == "laplace"
+                else "collapsed quadrature" if sum(self._dims) <= 2 else "collapsed grid")
         if self.n_per_instance_sweeps:
             kind += f" ({self.n_per_instance_sweeps} sweeps instance by instance)"
         return kind
@@ -443,7 +468,19 @@ class CollapsedLikelihood:
         cavities, centre, var, to_inputs, (m, W, K, h) = law
         self.n_integrals += 1
         b, k = self._block, self._basis[0].size
-        found = self._moments_on_rotated_grid(cavities, centre, var, to_inputs=to_inputs)
+        found = None
+        if self._integrator == "grid":
+            found = self._moments_on_rotated_grid(cavities, centre, var, to_inputs=to_inputs)
+            if found is None and len(cavities) - k <= _MAX_LAPLACE_ELEMENTS:
+                # no affordable grid holds the law (a truncated regression's: a ridge out to the
+                # priors' scale as the intercept falls and the scale grows); nested Laplace
+                # needs a grid over the elements only, which can widen much further, so it
+                # takes over for this and the later sweeps
+                found = self._moments_by_laplace(cavities, centre, var, m, W)
+                if found is not None:
+                    self._integrator = "laplace"
+        else:
+            found = self._moments_by_laplace(cavities, centre, var, m, W)
         if found is None:
             return None
         mean_z, cov_z, stats = found
@@ -641,7 +678,10 @@ class CollapsedLikelihood:
             b, k = self._block, self._basis[0].size
             if priors is not None:  # per latent input: the predictor's k coordinates have none
                 priors = list(priors[:b]) + [None] * k + list(priors[b + 1:])
-            draws = self._draws_on_rotated_grid(cavities, centre, var, n, rng, priors, to_inputs)
+            if self._integrator == "laplace":
+                draws = self._draws_by_laplace(cavities, centre, var, law[4][:2], n, rng, priors)
+            else:
+                draws = self._draws_on_rotated_grid(cavities, centre, var, n, rng, priors, to_inputs)
             if draws is None:
                 return None
             draws = to_inputs(draws)
@@ -674,7 +714,8 @@ class CollapsedLikelihood:
         return [type(c).from_unconstrained(Us[:, k]) for k, c in enumerate(cavities)]
 
     def _rotated_grid(self, cavities, centre, var, nodes, priors=None, to_inputs=None,
-                      budget: float = _MAX_DRAW_EVALUATIONS) -> tuple | None:
+                      budget: float = _MAX_DRAW_EVALUATIONS, log_law=None,
+                      min_resolved: float = _MIN_RESOLVED_NODES) -> tuple | None:
         """The collapsed law on a uniform grid of ``nodes`` per axis over +-6.5 of its sds in
         its own (rotated) frame: ``(Z, w, spacing, (centre, L))``, the nodes ``centre + L z``
         and their normalised weights; None where no frame contains it.
@@ -684,7 +725,9 @@ class CollapsedLikelihood:
         variances within 10%) with at most ``_ROTATED_EDGE`` of the mass on the edge, widening
         it at the same spacing while ``budget`` density evaluations allow. A law that falls
         between a few nodes (the first sweep, whose frame is the prior's, for a likelihood of
-        many observations) is zoomed in on, ``_ZOOM``-fold per pass.
+        many observations) is zoomed in on, ``_ZOOM``-fold per pass, while it has fewer than
+        ``min_resolved`` effective nodes. ``log_law`` (nodes ``(G, m)`` to log densities, or
+        None) replaces the collapsed law's density.
         """
         m = len(cavities)
         L, half, wide = np.diag(np.sqrt(var)), 8.0, 1.0
@@ -694,7 +737,7 @@ class CollapsedLikelihood:
             z1 = np.linspace(-half * wide, half * wide, n)
             Z = np.stack(np.meshgrid(*([z1] * m), indexing="ij"), axis=-1).reshape(-1, m)
             U = centre + Z @ L.T
-            logw = self._log_law_at(cavities, list(U.T), priors, to_inputs)
+            logw = self._log_law_at(cavities, list(U.T), priors, to_inputs) if log_law is None else log_law(U)
             if logw is None:
                 return None
             w = np.exp(logw - logw.max())
@@ -702,7 +745,7 @@ class CollapsedLikelihood:
             mean = w @ U
             D = U - mean
             try:
-                if not 1.0 / np.sum(w**2) >= _MIN_RESOLVED_NODES:
+                if not 1.0 / np.sum(w**2) >= min_resolved:
                     raise np.linalg.LinAlgError
                 L_next = np.linalg.cholesky((D * w[:, None]).T @ D)
             except np.linalg.LinAlgError:
@@ -757,6 +800,278 @@ class CollapsedLikelihood:
             stats[k, 0, :2] = w @ type(c).sufficient_statistics_unconstrained(U[:, k])
             stats[k, 0, 2] = cov[k, k]
         return mean, cov, stats
+
+    # ------------------------------------------------------------------ nested Laplace
+    def _moments_by_laplace(self, cavities, centre, var, m, W, priors=None) -> tuple | None:
+        """:meth:`_moments_on_rotated_grid` for a regression's law by nested Laplace
+        (:meth:`_laplace_grid`): the elements' moments on their grid, the whitened
+        coefficients' as the mixture over its nodes of their conditional Gaussians."""
+        found = self._laplace_grid(cavities, centre, var, m, W, priors)
+        if found is None:
+            return None
+        U, Z, spacing, w, z, S, own, _ = found
+        b, k = self._block, self._basis[0].size
+        order = own + list(range(b, b + k))
+        X = np.concatenate([U, z], axis=1)
+        coarse = np.all(np.round((Z - Z[0]) / spacing).astype(int) % 2 == 0, axis=1)
+
+        def moments(use):
+            v = w[use] / w[use].sum()
+            mean = v @ X[use]
+            D = X[use] - mean
+            cov = (D * v[:, None]).T @ D
+            cov[len(own):, len(own):] += np.tensordot(v, S[use], axes=1)
+            return mean, cov
+
+        mean, cov = moments(np.ones(w.size, bool))
+        mean_h, cov_h = moments(coarse)
+        sd = np.sqrt(np.diag(cov))
+        if not (np.all(np.abs(mean - mean_h) <= _ROTATED_CHECK[0] * sd)
+                and np.all(np.abs(np.log(np.diag(cov_h) / sd**2)) <= _ROTATED_CHECK[1])):
+            return None
+        dims = len(cavities)
+        mean_all, cov_all = np.empty(dims), np.empty((dims, dims))
+        mean_all[order] = mean
+        cov_all[np.ix_(order, order)] = cov
+        stats = np.full((dims, 1, 3), np.nan)
+        for j, c in zip(own, (cavities[j] for j in own)):
+            stats[j, 0, :2] = w @ type(c).sufficient_statistics_unconstrained(U[:, own.index(j)])
+        for j in range(dims):
+            stats[j, 0, 2] = cov_all[j, j]
+            if b <= j < b + k:
+                stats[j, 0, :2] = mean_all[j], cov_all[j, j] + mean_all[j] ** 2
+        return mean_all, cov_all, stats
+
+    def _draws_by_laplace(self, cavities, centre, var, whitening, n, rng, priors=None) -> list[np.ndarray] | None:
+        """Joint draws of a regression's law by nested Laplace: a node of the elements' grid
+        picked by weight and jittered within its cell, the coefficients from their
+        conditional Gaussian there (see :meth:`joint_draws`)."""
+        found = self._laplace_grid(cavities, centre, var, *whitening, priors)
+        if found is None:
+            return None
+        U, Z, spacing, w, z, S, own, L0 = found
+        pick = rng.choice(w.size, size=n, p=w)
+        Us = U[pick] + rng.uniform(-0.5 * spacing, 0.5 * spacing, size=(n, len(own))) @ L0.T
+        used, where = np.unique(pick, return_inverse=True)
+        chol = np.linalg.cholesky(S[used])[where]
+        zs = z[pick] + (chol @ rng.standard_normal((n, z.shape[1], 1)))[..., 0]
+        b, k = self._block, z.shape[1]
+        out, e = [], 0
+        for j, c in enumerate(cavities):
+            if b <= j < b + k:
+                out.append(zs[:, j - b])
+            else:
+                out.append(type(c).from_unconstrained(Us[:, e]))
+                e += 1
+        return out
+
+    def _laplace_grid(self, cavities, centre, var, m, W, priors=None) -> tuple | None:
+        """A regression's collapsed law by nested Laplace: ``(U, Z, spacing, w, z, S, own, L)``.
+
+        The element latents (positions ``own`` among the coordinates) on a rotated uniform grid
+        (:meth:`_rotated_grid`: nodes ``U``, ``Z`` in its frame ``U = c + Z L^T``, normalised
+        weights ``w``); at
+        each node, the whitened coefficients' conditional law, cavity times likelihood, by the
+        Gaussian at its mode ``z`` with covariance ``S`` (the inverse Hessian), and the node's
+        weight the elements' cavity times that Gaussian's mass (Laplace's approximation of the
+        integral over the coefficients). The conditional law of many coefficients given a scale
+        is a GLM's posterior, near Gaussian once each coefficient has a few observations' worth
+        of information, while its dependence on the scale, the correlation the grid exists for,
+        is kept in full. None where no grid contains the law, or a node of weight conditional
+        modes were not found for.
+        """
+        b, k = self._block, self._basis[0].size
+        own = [j for j in range(len(cavities)) if not b <= j < b + k]
+        elems = [cavities[j] for j in own]
+        elem_priors = None if priors is None else [priors[j] for j in own]
+        _, C, d = self._basis
+        B = C[self._rows] @ W  # eta_n = a_n + B_n . z, the distinct instances' predictors
+        a = C[self._rows] @ m + d[self._rows]
+        # each grid's Newton searches start where the last grid's modes, as a weighted linear
+        # function of the elements, put them
+        last: dict = {"start": (np.zeros(len(own)), np.zeros((len(own) + 1, k)))}
+
+        def log_law(U):
+            centre_u, coef = last["start"]
+            start = np.column_stack([np.ones(U.shape[0]), U - centre_u]) @ coef
+            with np.errstate(all="ignore"):
+                xs = [type(c).from_unconstrained(U[:, i]) for i, c in enumerate(elems)]
+                z, L, obj, found = self._conditional_modes(B, a, xs, start)
+                logw = (_log_cavities(elems, list(U.T), elem_priors) + obj
+                        - np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1))
+            logw = np.where(np.isfinite(logw), logw, -np.inf)
+            if not np.isfinite(logw.max()):
+                return None
+            w = np.exp(logw - logw.max())
+            # a node of weight whose mode was not found (the search stalled): no answer
+            if w[~found].sum() > 1e-9 * w.sum():
+                return None
+            w /= w.sum()
+            centre_u = w @ U
+            design = np.column_stack([np.ones(U.shape[0]), U - centre_u]) * np.sqrt(w)[:, None]
+            coef = np.linalg.lstsq(design, np.nan_to_num(z) * np.sqrt(w)[:, None], rcond=None)[0]
+            last.update(U=U, z=z, L=L, start=(centre_u, coef))
+            return logw
+
+        nodes = _LAPLACE_NODES[len(own)]
+        found = self._rotated_grid(elems, centre[own], var[own], nodes,
+                                   budget=_LAPLACE_BUDGET[len(own)] * self._rows.size, log_law=log_law,
+                                   min_resolved=_LAPLACE_RESOLVED[len(own)])
+        if found is None:
+            return None
+        Z, w, spacing, (c0, L0) = found
+        U = c0 + Z @ L0.T
+        z, L = last["z"], last["L"]  # the last grid evaluated is the one returned
+        keep = w > 0
+        S = np.zeros((w.size, k, k))
+        Linv = np.linalg.solve(L[keep], np.broadcast_to(np.eye(k), (int(keep.sum()), k, k)))
+        S[keep] = np.swapaxes(Linv, 1, 2) @ Linv  # H^-1 = L^-T L^-1
+        z = np.where(keep[:, None], z, 0.0)
+        corrected = self._corrected(B, a, [type(c).from_unconstrained(U[keep, i]) for i, c in enumerate(elems)],
+                                    z[keep], Linv)
+        if corrected is not None:
+            log_ratio, z[keep], S[keep] = corrected
+            w = w.copy()
+            w[keep] *= np.exp(log_ratio - log_ratio.max())
+            w /= w.sum()
+        return U, Z, spacing, w, z, S, own, L0
+
+    def _corrected(self, B, a, xs, z, Linv) -> tuple | None:
+        """Each node's conditional law beyond Laplace: ``(log_ratio, mean, cov)``, the moments
+        of the exact conditional law (cavity times likelihood) of the coefficients at ``G`` nodes,
+        and the log of its mass over Laplace's, by a cubature of the standard normal
+        (:func:`_cubature`) in the frame of each node's Laplace Gaussian ``N(z, Linv^T Linv)``:
+        ``E[g] = E_xi[g(z + Linv^T xi) r(xi)] / E_xi[r]``, ``r`` the ratio of the exact law to
+        the Gaussian. Laplace puts the mean at the mode, off by the law's skewness: a Gamma
+        regression's intercept by 0.15 of its sd at N = 60. None where every rule would cost
+        more than ``_MAX_CUBATURE_EVALUATIONS`` density evaluations, or negative weights leave a
+        mass or a covariance that is not positive (Laplace's moments stay).
+        """
+        G, k = z.shape
+        rule = _cubature(k, _MAX_CUBATURE_EVALUATIONS / (G * self._rows.size))
+        if rule is None:
+            return None
+        xi, omega = rule
+        P = z[:, None, :] + xi[None] @ Linv  # (G, J, k): z + Linv^T xi, each point a row
+        J = xi.shape[0]
+        with np.errstate(all="ignore"):
+            eta = a[None, None, :] + P @ B.T  # (G, J, N)
+            els = [np.repeat(np.asarray(x, dtype=float), J) for x in xs]
+            ll = self._log_terms(eta.reshape(G * J, -1), els).reshape(G, J, -1) @ self._count
+            log_r = ll - 0.5 * np.einsum("gjk,gjk->gj", P, P) + 0.5 * np.einsum("jk,jk->j", xi, xi)
+            log_r -= log_r[:, :1]  # the centre, xi = 0 (Laplace's own density there)
+            r = np.exp(log_r)
+            mass = r @ omega
+            if not (np.all(np.isfinite(r)) and np.all(mass > 0)):
+                return None
+            v = r * omega / mass[:, None]
+            m_xi = np.einsum("gj,jk->gk", v, xi)
+            C_xi = np.einsum("gj,jk,jl->gkl", v, xi, xi) - m_xi[:, :, None] * m_xi[:, None, :]
+            if not np.all(np.linalg.eigvalsh(C_xi)[:, 0] > 0):
+                return None
+        LinvT = np.swapaxes(Linv, 1, 2)
+        mean = z + (LinvT @ m_xi[..., None])[..., 0]
+        cov = LinvT @ C_xi @ Linv
+        return np.log(mass), mean, cov
+
+    def _conditional_modes(self, B, a, xs, z0) -> tuple:
+        """Modes of ``-|z|^2 / 2 + sum_n count_n log psi(y_n | a_n + B_n . z, xs)`` at ``G`` nodes
+        of the elements ``xs`` (each ``(G,)``), by damped Newton from ``z0`` ``(G, k)``:
+        ``(z, L, obj, found)``, the Hessian's Cholesky factor ``L`` (``(G, k, k)``, the
+        identity where not positive definite), the objective at the mode and where the mode
+        was found.
+
+        The instances' first and second derivatives in their own predictor are central
+        differences (the Hessian in ``z`` is ``I - B^T diag(count l'') B``). Where that is not
+        positive definite (some ``l'' > 0``: a Student-t's outliers, a Gamma's with its sd
+        latent away from the mode) a step uses it shifted by a multiple of the identity, so
+        it ascends; near the mode the full Hessian converges quadratically.
+        """
+        G, k = z0.shape
+        z = z0.astype(float).copy()
+        obj, g1, g2 = self._instance_terms(B, a, xs, z, np.arange(G))
+        found = np.zeros(G, bool)
+        todo = np.flatnonzero(np.isfinite(obj))
+        eye = np.eye(k)
+        for _ in range(_NEWTON_STEPS):
+            if todo.size == 0:
+                break
+            grad = g1[todo] @ B - z[todo]
+            H = eye - np.matmul(B.T[None] * g2[todo][:, None, :], B)
+            low = np.linalg.eigvalsh(H)[:, 0]
+            # not concave here: the Hessian shifted to be positive definite (its least
+            # eigenvalue the prior's, one), a step between Newton's and the gradient's
+            H += np.maximum(1.0 - low, 0.0)[:, None, None] * eye
+            step = np.linalg.solve(H, grad[..., None])[..., 0]
+            decrement = np.einsum("gi,gi->g", grad, step)
+            done = decrement <= _NEWTON_TOL
+            found[todo[done]] = True
+            todo, step = todo[~done], step[~done]
+            t = np.ones(todo.size)
+            pending = np.arange(todo.size)
+            for _ in range(30):  # halve each step until the objective does not fall
+                if pending.size == 0:
+                    break
+                idx = todo[pending]
+                z_new = z[idx] + t[pending, None] * step[pending]
+                o, d1, d2 = self._instance_terms(B, a, xs, z_new, idx)
+                up = o >= obj[idx] - 1e-12 * np.abs(obj[idx])
+                acc = idx[up]
+                z[acc], obj[acc], g1[acc], g2[acc] = z_new[up], o[up], d1[up], d2[up]
+                t[pending[~up]] *= 0.5
+                pending = pending[~up]
+            # a step that never ascended: the search has stalled, at the mode to within the
+            # round-off of the differences if its decrement is small, else somewhere else
+            found[todo[pending[decrement[~done][pending] <= _STALLED_TOL]]] = True
+            todo = np.setdiff1d(todo, todo[pending])
+        H = eye - np.matmul(B.T[None] * np.where(np.isfinite(g2), g2, 0.0)[:, None, :], B)
+        pd = np.linalg.eigvalsh(H)[:, 0] > 1e-10
+        found &= pd
+        L = np.broadcast_to(eye, (G, k, k)).copy()
+        L[pd] = np.linalg.cholesky(H[pd])
+        return z, L, obj, found
+
+    def _instance_terms(self, B, a, xs, z, nodes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """At coefficients ``z`` ``(G', k)`` of nodes ``nodes``: the objective of
+        :meth:`_conditional_modes` and the count-weighted first and second derivatives
+        ``(G', N)`` of the distinct instances' log densities in their predictors."""
+        eta = a[None, :] + z @ B.T
+        h = _FD_STEP * (1.0 + np.abs(eta))
+        els = [np.asarray(x, dtype=float)[nodes] for x in xs]
+        with np.errstate(all="ignore"):
+            l0 = self._log_terms(eta, els)
+            lp = self._log_terms(eta + h, els)
+            lm = self._log_terms(eta - h, els)
+            obj = l0 @ self._count - 0.5 * np.einsum("gi,gi->g", z, z)
+            d1 = (lp - lm) / (2.0 * h) * self._count
+            d2 = (lp - 2.0 * l0 + lm) / h**2 * self._count
+        obj = np.where(np.isnan(obj), -np.inf, obj)
+        return obj, d1, d2
+
+    def _log_terms(self, eta: np.ndarray, els: Sequence[np.ndarray]) -> np.ndarray:
+        """Each distinct instance's log density ``(G, N)`` at its regression predictor ``eta``
+        ``(G, N)`` and the elements' values ``els`` (each ``(G,)``), in chunks of nodes."""
+        f = self.factor
+        G, n = eta.shape
+        out = np.empty((G, n))
+        step = max(1, _CHUNK // max(n, 1))
+        for lo in range(0, G, step):
+            g = slice(lo, min(G, lo + step))
+            width = g.stop - g.start
+            ins, k, j = [], 0, 0
+            for i in range(len(f.inputs)):
+                if i in self._data:
+                    ins.append(np.ascontiguousarray(np.broadcast_to(self._data[i], (width, n))))
+                    continue
+                if k == self._block:
+                    ins.append(eta[g])
+                else:
+                    ins.append(np.ascontiguousarray(np.broadcast_to(els[j][g, None], (width, n))))
+                    j += 1
+                k += 1
+            y = np.ascontiguousarray(np.broadcast_to(self._y, (width, n)))
+            out[g] = np.asarray(f.logp(y, tuple(ins)), dtype=float).reshape(width, n)
+        return out
 
     def _log_likelihood(self, xs: Sequence[np.ndarray]) -> np.ndarray:
         """``sum_n log psi(y_n | x, data_n)`` at nodes ``xs`` (arrays of one shape), in chunks of instances."""
@@ -858,6 +1173,43 @@ def draw_jointly(graph, state, methods: dict[int, CollapsedLikelihood], elements
             taken |= set(keys)
             done.add(fi)
     return done
+
+
+def _cubature(k: int, most: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """A cubature rule for the standard normal in ``k`` dimensions of at most ``most`` points
+    ``(J, k)``, the centre first, and weights ``(J,)``; None if none is that small.
+
+    The product of 5-point Gauss-Hermite rules (degree 9 in each coordinate) where affordable,
+    else Stroud's fully symmetric rule of degree 5 (``2 k^2 + 1`` points: the centre,
+    ``+-sqrt(k + 2) e_i`` and ``sqrt((k + 2) / 2) (+-e_i +- e_j)``; the axis points' weights
+    are negative beyond four dimensions). A Laplace Gaussian's correction to the mean needs
+    degree 5 (the law's skewness against its fourth moments); to the covariance, degree 8 (the
+    skewness squared): for a Gamma regression's coefficients at N = 60 the degree-5 rule left
+    their sds 1.5-2% narrow, the product rule matched the exact grid to 0.2%.
+    """
+    if 5.0**k <= most:
+        t, w = hermegauss(5)
+        P = np.stack(np.meshgrid(*([t] * k), indexing="ij"), axis=-1).reshape(-1, k)
+        W = np.prod(np.stack(np.meshgrid(*([w / w.sum()] * k), indexing="ij"), axis=-1).reshape(-1, k), axis=1)
+        first = (5**k - 1) // 2  # the centre, (0, ..., 0)
+        order = np.r_[first, np.arange(first), np.arange(first + 1, 5**k)]
+        return P[order], W[order]
+    if 2 * k * k + 1 > most:
+        return None
+    pts, wts = [np.zeros((1, k))], [np.array([2.0 / (k + 2)])]
+    axis = np.sqrt(k + 2.0) * np.eye(k)
+    pts += [axis, -axis]
+    wts += [np.full(2 * k, (4.0 - k) / (2.0 * (k + 2) ** 2))]
+    i, j = np.triu_indices(k, 1)
+    if i.size:
+        r = np.sqrt((k + 2) / 2.0)
+        for si, sj in ((1, 1), (1, -1), (-1, 1), (-1, -1)):
+            p = np.zeros((i.size, k))
+            p[np.arange(i.size), i] = si * r
+            p[np.arange(i.size), j] = sj * r
+            pts.append(p)
+        wts.append(np.full(4 * i.size, 1.0 / (k + 2) ** 2))
+    return np.concatenate(pts), np.concatenate(wts)
 
 
 def _marginal_frames(marginals, ref) -> tuple[np.ndarray, np.ndarray]:
