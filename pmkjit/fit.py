@@ -272,8 +272,26 @@ def fit(
                     again.sweeps += run.sweeps
                     again.events = {k: v + again.events[k] for k, v in run.events.items()}
                     run = again
+            # Learned operators that EP could not converge with, where their oracle is
+            # deterministic: EP is run again from the priors with those factors answered by
+            # the oracle alone. A heteroscedastic regression's operator (Normal(a + b x,
+            # exp(c0 + c1 x)), N = 200) was trusted by its spot checks while EP wandered for
+            # 50 sweeps and stopped 19 NUTS sds off; its quadrature oracle alone converges to
+            # NUTS's posterior in 15 (continuing from where EP stopped, it had not in 50).
+            finished = _oracle_finish(methods) if method == "kjit" and not run.converged else {}
+            if finished:
+                methods = [finished.get(fi, m) for fi, m in enumerate(methods)]
+                again = schedule.run(graph, prior, engine.init(graph, rng)[0], methods, damping=step,
+                                     adaptive=adaptive, tol=tol,
+                                     max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings,
+                                     first_sweep=run.sweeps + 1)
+                again.trace = run.trace + again.trace
+                again.sweeps += run.sweeps
+                again.events = {k: v + again.events[k] for k, v in run.events.items()}
+                run = again
         timings["ep"] = time.perf_counter() - t_ep
         state, trace, events, sweeps = run.state, run.trace, run.events, run.sweeps
+        events["finished_by_oracle"] = len(finished)
         converged, unanswered, rejected, step = run.converged, run.unanswered, run.rejected, run.step
         events["restarts"] = int(restarted)
         if converged and unanswered:
@@ -337,7 +355,8 @@ def fit(
                     # az.loo fail with an IndexError instead of saying there is no log-likelihood
                     del idata[group]
         warn_unconditional_centred_draws(model, graph, centred, given)
-        ep = ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step)
+        ep = ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method, step,
+                      finished=frozenset(finished))
         ep.attrs["centred"] = ", ".join(centred)
         # how the draws of the real latents were made (pmkjit.ep.conditional)
         ep.attrs["draws_given_scales"] = "no" if given is None else (
@@ -412,6 +431,13 @@ def _not_converged_message(run: schedule.EPRun, tol: float, importance: bool) ->
         return f"{head}: it stopped with site updates rejected (see the warning above); compare with pm.sample"
     return (f"{head}: its last sweep moved no site (every tilted moment refused, or every cavity improper); "
             "compare with pm.sample")
+
+
+def _oracle_finish(methods: list) -> dict:
+    """Per factor whose KJIT operator sits in front of a deterministic oracle (quadrature or
+    the grid, whose answers converge where the operator's need not): that oracle."""
+    return {fi: m.oracle for fi, m in enumerate(methods)
+            if isinstance(m, KJITMethod) and getattr(m.oracle, "kind", None) in ("quadrature", "grid")}
 
 
 def _count(name: str, value, minimum: int) -> int:

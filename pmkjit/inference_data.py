@@ -184,7 +184,7 @@ def method_label(kjit, oracle) -> str:
 
 
 def ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, timings, method,
-              damping) -> xr.Dataset:
+              damping, finished: frozenset[int] = frozenset()) -> xr.Dataset:
     names = [f.description for f in graph.factors]
     data = {
         # the EP posterior in closed form: the joint Gaussian of the real-valued latents,
@@ -215,7 +215,8 @@ def ep_group(graph, state, trace, events, sweeps, converged, kjits, oracles, tim
         # how each factor's messages were computed, e.g. "y: quadrature" for a factor whose
         # instances share a latent under method="kjit"
         "factor_methods": "; ".join(
-            f"{f.name}: {method_label(k, o)}" for f, k, o in zip(graph.factors, kjits, oracles)),
+            f"{f.name}: {method_label(k, o)}{', finished by its oracle' if fi in finished else ''}"
+            for fi, (f, k, o) in enumerate(zip(graph.factors, kjits, oracles))),
     }
     for v in graph.element_variables:
         data[f"natural__{v.name}"] = ((f"{v.name}__element", "natural_param"),

@@ -222,7 +222,7 @@ def test_nested_laplace_matches_the_exact_posterior_of_a_regression_beside_a_sca
     # the scale on a grid, the coefficients given it a Gaussian at their conditional mode,
     # corrected by a cubature of the exact conditional law (Laplace alone put the intercept's
     # mean 0.15 sds high and its sd 1% narrow).
-    import pmkjit.ep.collapsed as collapsed
+    from pmkjit.ep import collapsed
 
     monkeypatch.setattr(collapsed, "_MAX_REGRESSION_DIMS", 2)
     rng = np.random.default_rng(11)

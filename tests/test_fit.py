@@ -173,6 +173,24 @@ def test_not_converged_warning_states_the_test_that_failed():
     assert f"last change {changes[-1]:.2g} > tol x damping = 0.1 x 0.1 = 0.01" in msg, msg
 
 
+def test_kjit_that_does_not_converge_is_finished_by_its_quadrature_oracle():
+    # A learned operator EP cannot converge with is not trusted: EP runs again from the
+    # priors with the factor answered by its (deterministic) oracle alone, as
+    # method="quadrature" would (a heteroscedastic regression had stopped 19 NUTS sds off).
+    model, _, _ = logistic_model(0)
+    kw = dict(tol=1e-12, max_sweeps=3, random_seed=0, progressbar=False, compute_log_likelihood=False, draws=50)
+    with pytest.warns(pmkjit.EPNotConvergedWarning):
+        idata = pmkjit.fit(model=model, **kw)
+    with pytest.warns(pmkjit.EPNotConvergedWarning):
+        reference = pmkjit.fit(model=model, method="quadrature", **kw)
+    ep = idata.ep
+    assert ep.attrs["factor_methods"] == "y: kjit (quadrature oracle), finished by its oracle"
+    assert ep.attrs["finished_by_oracle"] == 1 and ep.attrs["sweeps"] == 6
+    # the oracle's run: the same sweeps as quadrature EP's
+    np.testing.assert_allclose(ep["convergence"].values[3:], reference.ep["convergence"].values, rtol=1e-9)
+    np.testing.assert_allclose(ep["gaussian_mean"].values, reference.ep["gaussian_mean"].values, rtol=1e-9)
+
+
 def test_same_seed_same_result():
     model, _, _ = logistic_model(4, N=80)
     a = pmkjit.fit(model=model, random_seed=11, progressbar=False, draws=100)

@@ -849,7 +849,7 @@ class CollapsedLikelihood:
         found = self._laplace_grid(cavities, centre, var, *whitening, priors)
         if found is None:
             return None
-        U, Z, spacing, w, z, S, own, L0 = found
+        U, _, spacing, w, z, S, own, L0 = found
         pick = rng.choice(w.size, size=n, p=w)
         Us = U[pick] + rng.uniform(-0.5 * spacing, 0.5 * spacing, size=(n, len(own))) @ L0.T
         used, where = np.unique(pick, return_inverse=True)
