@@ -7,6 +7,7 @@ and ``operators`` (importance-sampling and quadrature oracles, the KJIT operator
 
 from pmkjit.errors import (
     ImproperMessageError,
+    InvalidDataError,
     OperatorFileError,
     OracleError,
     PmkjitError,
@@ -24,6 +25,7 @@ __all__ = [
     "OracleError",
     "OperatorFileError",
     "UnsupportedModelError",
+    "InvalidDataError",
     "__version__",
     "fit",
     "ep_posterior",

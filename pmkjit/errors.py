@@ -12,6 +12,7 @@ __all__ = [
     "OracleError",
     "OperatorFileError",
     "UnsupportedModelError",
+    "InvalidDataError",
 ]
 
 
@@ -33,3 +34,10 @@ class OperatorFileError(PmkjitError, ValueError):
 
 class UnsupportedModelError(PmkjitError, NotImplementedError):
     """A PyMC model uses a construct pmkjit cannot turn into a factor graph."""
+
+
+class InvalidDataError(UnsupportedModelError, ValueError):
+    """The model's data cannot be fitted: NaN or infinite covariates or observations, or an
+    observation outside its likelihood's support. A ``ValueError`` (bad input), and an
+    :class:`UnsupportedModelError` (the model as given cannot be fitted) for code that catches
+    those."""

@@ -39,7 +39,7 @@ from pytensor.tensor.basic import Eye
 from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
 from pytensor.tensor.sharedvar import TensorSharedVariable
 
-from pmkjit.errors import UnsupportedModelError
+from pmkjit.errors import InvalidDataError, UnsupportedModelError
 from pmkjit.families import Beta, Gamma, Gaussian
 from pmkjit.graph.factor_graph import (
     BlackBoxFactor,
@@ -642,7 +642,7 @@ class _Builder:
                        else evaluate_constant(self.model.rvs_to_values[rv]), dtype=float)
         if not np.all(np.isfinite(y)):
             bad = np.argwhere(~np.isfinite(y))[0].tolist()
-            raise UnsupportedModelError(f"observed {rv.name} has non-finite values (first at index {bad})")
+            raise InvalidDataError(f"observed {rv.name} has non-finite values (first at index {bad})")
         partial = partial_observed(rv)
         if type(op).__name__ == "MultinomialRV" and partial is None and y.ndim == 2:
             self._multinomial(rv, y)
@@ -963,7 +963,7 @@ class _Builder:
         if bad.any():
             # PyMC's density is -inf there (pm.sample refuses the model); the factor's
             # log p[y] read class K as an index error and class -1 as the last class
-            raise UnsupportedModelError(
+            raise InvalidDataError(
                 f"{rv.name}: the observed value {y.ravel()[np.flatnonzero(bad.ravel())[0]]:g} ({int(bad.sum())} of "
                 f"{y.size} entries) is not a class of this outcome (0 to {K - 1}); pm.sample refuses it too"
             )
@@ -1036,7 +1036,7 @@ class _Builder:
         if not bad.any():
             return
         idx = np.argwhere(bad)[0]
-        raise UnsupportedModelError(
+        raise InvalidDataError(
             f"{rv.name}: the observed value {y[tuple(idx)]:g} (index {idx.tolist()}, {int(bad.sum())} of {y.size} "
             f"entries) has zero density under {type(rv.owner.op).__name__[:-2] or type(rv.owner.op).__name__} "
             "for any value of the latents tried: it lies outside the distribution's support (e.g. a count "
@@ -1608,7 +1608,7 @@ def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
     what = "NaN" if np.isnan(value).any() else "infinite values"
     where = f", first at index {np.argwhere(bad)[0].tolist()}" if value.ndim else ""
     name = f"data {var.name}" if var.name else f"a constant of shape {value.shape}"
-    raise UnsupportedModelError(
+    raise InvalidDataError(
         f"{owner}: a parameter depends on {name} containing {what} ({int(bad.sum())} of {value.size} entries"
         f"{where}); pmkjit needs finite data: drop or fill the missing entries"
     )
