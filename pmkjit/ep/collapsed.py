@@ -781,20 +781,10 @@ class CollapsedLikelihood:
             return None
         Z, w, spacing, (centre, L) = found
         U = centre + Z @ L.T
-        coarse = np.all(np.round((Z - Z[0]) / spacing).astype(int) % 2 == 0, axis=1)  # every other node
-
-        def moments(use):
-            v = w[use] / w[use].sum()
-            mean = v @ U[use]
-            D = U[use] - mean
-            return mean, (D * v[:, None]).T @ D
-
-        mean, cov = moments(np.ones(w.size, bool))
-        mean_h, cov_h = moments(coarse)
-        sd = np.sqrt(np.diag(cov))
-        if not (np.all(np.abs(mean - mean_h) <= _ROTATED_CHECK[0] * sd)
-                and np.all(np.abs(np.log(np.diag(cov_h) / sd**2)) <= _ROTATED_CHECK[1])):
+        found = _checked_moments(U, w, Z, spacing)
+        if found is None:
             return None
+        mean, cov = found
         stats = np.full((m, 1, 3), np.nan)
         for k, c in enumerate(cavities):
             stats[k, 0, :2] = w @ type(c).sufficient_statistics_unconstrained(U[:, k])
@@ -812,23 +802,10 @@ class CollapsedLikelihood:
         U, Z, spacing, w, z, S, own, _ = found
         b, k = self._block, self._basis[0].size
         order = own + list(range(b, b + k))
-        X = np.concatenate([U, z], axis=1)
-        coarse = np.all(np.round((Z - Z[0]) / spacing).astype(int) % 2 == 0, axis=1)
-
-        def moments(use):
-            v = w[use] / w[use].sum()
-            mean = v @ X[use]
-            D = X[use] - mean
-            cov = (D * v[:, None]).T @ D
-            cov[len(own):, len(own):] += np.tensordot(v, S[use], axes=1)
-            return mean, cov
-
-        mean, cov = moments(np.ones(w.size, bool))
-        mean_h, cov_h = moments(coarse)
-        sd = np.sqrt(np.diag(cov))
-        if not (np.all(np.abs(mean - mean_h) <= _ROTATED_CHECK[0] * sd)
-                and np.all(np.abs(np.log(np.diag(cov_h) / sd**2)) <= _ROTATED_CHECK[1])):
+        found = _checked_moments(np.concatenate([U, z], axis=1), w, Z, spacing, S)
+        if found is None:
             return None
+        mean, cov = found
         dims = len(cavities)
         mean_all, cov_all = np.empty(dims), np.empty((dims, dims))
         mean_all[order] = mean
@@ -1173,6 +1150,34 @@ def draw_jointly(graph, state, methods: dict[int, CollapsedLikelihood], elements
             taken |= set(keys)
             done.add(fi)
     return done
+
+
+def _checked_moments(X: np.ndarray, w: np.ndarray, Z: np.ndarray, spacing: float,
+                     S: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Mean and covariance of a rotated grid's nodes ``X`` ``(G, d)`` of normalised weights
+    ``w`` (``Z`` the nodes in the grid's frame, ``spacing`` apart), with each node's own
+    covariance ``S`` ``(G, k, k)`` of the last ``k`` coordinates added where given (nested
+    Laplace's conditional Gaussians); None where the grid of every other node disagrees by
+    more than ``_ROTATED_CHECK``."""
+    coarse = np.all(np.round((Z - Z[0]) / spacing).astype(int) % 2 == 0, axis=1)
+
+    def moments(use):
+        v = w[use] / w[use].sum()
+        mean = v @ X[use]
+        D = X[use] - mean
+        cov = (D * v[:, None]).T @ D
+        if S is not None:
+            k = S.shape[1]
+            cov[-k:, -k:] += np.tensordot(v, S[use], axes=1)
+        return mean, cov
+
+    mean, cov = moments(np.ones(w.size, bool))
+    mean_h, cov_h = moments(coarse)
+    sd = np.sqrt(np.diag(cov))
+    if not (np.all(np.abs(mean - mean_h) <= _ROTATED_CHECK[0] * sd)
+            and np.all(np.abs(np.log(np.diag(cov_h) / sd**2)) <= _ROTATED_CHECK[1])):
+        return None
+    return mean, cov
 
 
 def _cubature(k: int, most: float) -> tuple[np.ndarray, np.ndarray] | None:
