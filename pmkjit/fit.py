@@ -268,27 +268,19 @@ def fit(
                                      max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings,
                                      first_sweep=run.sweeps + 1)
                 if again.converged and not again.rejected:
-                    again.trace = run.trace + again.trace
-                    again.sweeps += run.sweeps
-                    again.events = {k: v + again.events[k] for k, v in run.events.items()}
-                    run = again
+                    run = _after(run, again)
             # Learned operators that EP could not converge with, where their oracle is
             # deterministic: EP is run again from the priors with those factors answered by
             # the oracle alone. A heteroscedastic regression's operator (Normal(a + b x,
             # exp(c0 + c1 x)), N = 200) was trusted by its spot checks while EP wandered for
             # 50 sweeps and stopped 19 NUTS sds off; its quadrature oracle alone converges to
-            # NUTS's posterior in 15 (continuing from where EP stopped, it had not in 50).
+            # NUTS's posterior in 16 (continuing from where EP stopped, it had not in 50).
             finished = _oracle_finish(methods) if method == "kjit" and not run.converged else {}
             if finished:
                 methods = [finished.get(fi, m) for fi, m in enumerate(methods)]
-                again = schedule.run(graph, prior, engine.init(graph, rng)[0], methods, damping=step,
-                                     adaptive=adaptive, tol=tol,
-                                     max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings,
-                                     first_sweep=run.sweeps + 1)
-                again.trace = run.trace + again.trace
-                again.sweeps += run.sweeps
-                again.events = {k: v + again.events[k] for k, v in run.events.items()}
-                run = again
+                run = _after(run, schedule.run(graph, prior, engine.init(graph, rng)[0], methods, damping=step,
+                                               adaptive=adaptive, tol=tol, max_sweeps=max_sweeps, callback=callback,
+                                               advance=advance, timings=timings, first_sweep=run.sweeps + 1))
         timings["ep"] = time.perf_counter() - t_ep
         state, trace, events, sweeps = run.state, run.trace, run.events, run.sweeps
         events["finished_by_oracle"] = len(finished)
@@ -431,6 +423,14 @@ def _not_converged_message(run: schedule.EPRun, tol: float, importance: bool) ->
         return f"{head}: it stopped with site updates rejected (see the warning above); compare with pm.sample"
     return (f"{head}: its last sweep moved no site (every tilted moment refused, or every cavity improper); "
             "compare with pm.sample")
+
+
+def _after(first: schedule.EPRun, second: schedule.EPRun) -> schedule.EPRun:
+    """``second``, a run made after ``first`` (a restart), with both runs' sweeps counted."""
+    second.trace = first.trace + second.trace
+    second.sweeps += first.sweeps
+    second.events = {k: v + second.events[k] for k, v in first.events.items()}
+    return second
 
 
 def _oracle_finish(methods: list) -> dict:
