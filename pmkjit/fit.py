@@ -278,7 +278,11 @@ def fit(
             finished = _oracle_finish(methods) if method == "kjit" and not run.converged else {}
             if finished:
                 methods = [finished.get(fi, m) for fi, m in enumerate(methods)]
-                run = _after(run, schedule.run(graph, prior, engine.init(graph, rng)[0], methods, damping=step,
+                # (from the smallest step where the first run's updates were rejected, as the
+                # restart above; the oracle's run replaces the operator's even unconverged: its
+                # tilted moments have no learned error)
+                first = schedule.MIN_AUTO_DAMPING if restarted else step
+                run = _after(run, schedule.run(graph, prior, engine.init(graph, rng)[0], methods, damping=first,
                                                adaptive=adaptive, tol=tol, max_sweeps=max_sweeps, callback=callback,
                                                advance=advance, timings=timings, first_sweep=run.sweeps + 1))
         timings["ep"] = time.perf_counter() - t_ep
@@ -316,7 +320,8 @@ def fit(
             importance = any(getattr(o, "kind", None) == "importance" for o in oracles)
             warnings.warn(_not_converged_message(run, tol, importance), EPNotConvergedWarning, stacklevel=2)
         if store is not None:
-            _write_back(store, graph, kjits)
+            # an operator EP could not converge with is not kept for later fits
+            _write_back(store, graph, [None if fi in finished else k for fi, k in enumerate(kjits)])
 
         collapsed = {fi: m for fi, m in enumerate(methods) if isinstance(m, CollapsedLikelihood) and m.current}
         t0 = time.perf_counter()

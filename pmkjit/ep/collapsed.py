@@ -101,6 +101,7 @@ _NEWTON_TOL = 1e-10  # Newton decrement (log density) at which a conditional mod
 # round-off: their gradient carries about 1e-8 of each instance's log density) is at the
 # mode: 1e-3 of a conditional sd from it
 _STALLED_TOL = 1e-6
+_LEAST_CURVATURE = 1e-3  # least eigenvalue a Newton step's Hessian is shifted to where it is not positive
 _FD_STEP = 1e-4  # relative step of the central differences of each instance's log density
 _MAX_CUBATURE_EVALUATIONS = 5e7  # distinct instances x nodes x points of the correction's cubature
 
@@ -962,11 +963,17 @@ class CollapsedLikelihood:
         differences (the Hessian in ``z`` is ``I - B^T diag(count l'') B``). Where that is not
         positive definite (some ``l'' > 0``: a Student-t's outliers, a Gamma's with its sd
         latent away from the mode) a step uses it shifted by a multiple of the identity, so
-        it ascends; near the mode the full Hessian converges quadratically.
+        it ascends; where it is, Newton's own step, which converges quadratically.
         """
         G, k = z0.shape
         z = z0.astype(float).copy()
         obj, g1, g2 = self._instance_terms(B, a, xs, z, np.arange(G))
+        # a start the likelihood rules out (the last grid's modes extrapolated to a node of a
+        # wider one) starts again from the cavity's mean, z = 0, instead of being dropped
+        retry = np.flatnonzero(~np.isfinite(obj))
+        if retry.size:
+            z[retry] = 0.0
+            obj[retry], g1[retry], g2[retry] = self._instance_terms(B, a, xs, z[retry], retry)
         found = np.zeros(G, bool)
         todo = np.flatnonzero(np.isfinite(obj))
         eye = np.eye(k)
@@ -976,9 +983,10 @@ class CollapsedLikelihood:
             grad = g1[todo] @ B - z[todo]
             H = eye - np.matmul(B.T[None] * g2[todo][:, None, :], B)
             low = np.linalg.eigvalsh(H)[:, 0]
-            # not concave here: the Hessian shifted to be positive definite (its least
-            # eigenvalue the prior's, one), a step between Newton's and the gradient's
-            H += np.maximum(1.0 - low, 0.0)[:, None, None] * eye
+            # not concave here: the Hessian shifted to be just positive definite (only
+            # there: a shift where it already is, as at a Student-t's mode with outliers,
+            # made Newton linear and left searches unfinished after 50 steps)
+            H += np.maximum(_LEAST_CURVATURE - low, 0.0)[:, None, None] * eye
             step = np.linalg.solve(H, grad[..., None])[..., 0]
             decrement = np.einsum("gi,gi->g", grad, step)
             done = decrement <= _NEWTON_TOL
