@@ -29,8 +29,10 @@ def assemble_inference_data(model, graph, state, draws, chains, rng, with_loglik
                             collapsed: dict | None = None) -> tuple[az.InferenceData, ConditionalDraws | None, set[int]]:
     """Posterior draws from EP's approximation, their deterministics and log-likelihood.
 
-    ``collapsed`` maps factor indices to :class:`~pmkjit.ep.collapsed.CollapsedLikelihood`
-    methods, whose latents are drawn jointly where that is coherent; returns the
+    ``collapsed`` maps factor indices to one-site methods
+    (:class:`~pmkjit.ep.collapsed.CollapsedLikelihood`,
+    :class:`~pmkjit.ep.hierarchy.CollapsedPrior`), whose latents are drawn jointly where
+    that is coherent (:func:`~pmkjit.ep.collapsed.draw_jointly`); returns the
     InferenceData, the conditional draws (or None) and the indices of the factors drawn
     jointly.
     """

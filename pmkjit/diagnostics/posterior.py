@@ -187,7 +187,8 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
 
 
 def warn_correlated_hyperparameters(graph, state, rng, threshold: float = 0.6, sd_ratio: float = 0.8,
-                                     n_draws: int = 32, n_grid: int = 61, max_evaluations: float = 2e7) -> None:
+                                     n_draws: int = 32, n_grid: int = 61, max_evaluations: float = 2e7,
+                                     jointly: frozenset[int] = frozenset()) -> None:
     """Warn where a prior's two shared latent parameters are strongly correlated a posteriori.
 
     The hyperparameters of a prior read by many latents (``theta_i ~ Gamma(alpha, beta)``,
@@ -201,8 +202,14 @@ def warn_correlated_hyperparameters(graph, state, rng, threshold: float = 0.6, s
     coordinates as in :func:`_joint_law`; its correlation and marginal sds are compared
     with EP's. Instances beyond ``max_evaluations / (n_grid**2 * n_draws)`` are subsampled
     and their sum scaled up.
+
+    Priors in ``jointly`` (indices into ``graph.factors``) had one site for the whole prior
+    and their posterior draws from its law (:mod:`pmkjit.ep.hierarchy`), which keeps the
+    correlation; they are not checked.
     """
     for fi, f in enumerate(graph.factors):
+        if fi in jointly:
+            continue
         if f.kind != "prior" or f.logp is None or f.analytic is not None or len(f.latent_inputs) != 2 \
                 or len(f.inputs) != 2 or f.size < 2 or not isinstance(f.output, (ElementSlot, LinearSlot)):
             continue

@@ -327,8 +327,9 @@ def _update_factor(graph: FactorGraph, prior: _Prior, sites: list[list[np.ndarra
         info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t0
         if new is not None:
             return _damped_update(graph, prior, sites, state, fi, np.arange(f.size), new, damping, info)
-        method.n_per_instance_sweeps += 1
-        method = method.per_instance
+        one_site, method = method, method.per_instance
+    else:
+        one_site = None
     cav, ok = [], np.ones(f.size, bool)
     for k, (slot, m) in enumerate(zip(f.slots, [marg[i] for i in f.targets])):
         natural = m.natural - sites[fi][k]
@@ -339,6 +340,8 @@ def _update_factor(graph: FactorGraph, prior: _Prior, sites: list[list[np.ndarra
         ok &= c.is_proper()
     info.skipped_improper_cavity += int((~ok).sum())
     idx = np.flatnonzero(ok)
+    if one_site is not None and idx.size:
+        one_site.n_per_instance_sweeps += 1
     info.seconds["cavity"] = info.seconds.get("cavity", 0.0) + time.perf_counter() - t0
     if idx.size == 0:
         return sites, state
