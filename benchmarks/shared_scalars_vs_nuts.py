@@ -346,6 +346,7 @@ def compare_model(model, name: str, pair: list[str], seed: int, variant: str, ta
         "factor_methods": idata.ep.attrs["factor_methods"], "warnings": ep_warnings,
         "seconds_ep": t_ep, "seconds_nuts": t_nuts, "nuts_divergences": int(nuts.sample_stats["diverging"].sum()),
         "nuts_min_ess_bulk": float(ref["ess_bulk"].min()),
+        "z_err": {k: float(v) for k, v in z.items()}, "sd_ratio": {k: float(v) for k, v in ratio.items()},
     }
 
 

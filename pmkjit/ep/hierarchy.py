@@ -59,7 +59,10 @@ _INNER_SPACING = 1.0
 _INNER_PASSES = 4
 _SAMPLES = 512  # the prior's draws per pair where its conditional law is narrower than the grid's spacing
 _WIDEN = 1.6
-_MAX_EVALUATIONS = 1e8  # instances x inner nodes x hyperparameter nodes of one grid
+# instances x inner nodes x hyperparameter nodes of one grid (pytensor's densities, about 0.1 us
+# each: 2 s a pass, a few passes a sweep); beyond, the instances are many enough that each
+# one's site on the hyperparameters errs little
+_MAX_EVALUATIONS = 2e7
 _CHUNK = 4_000_000  # densities evaluated at once
 # draws of the hyperparameters given the outputs' (CollapsedPrior.draws_given): nodes per axis
 # of their grid, the least effective nodes of a draw's law on it, the most mass on its edge,
@@ -521,30 +524,37 @@ class CollapsedPrior(OneSite):
         fam = type(grids.cav_out)
         rng = np.random.default_rng(self._seed)
         P, M = g.size, _SAMPLES
-        ins, j = [], 0
-        for i, s in enumerate(f.inputs):
-            if isinstance(s, DataSlot):
-                ins.append(np.ascontiguousarray(np.broadcast_to(self._data[i][g][None, :], (M, P))))
-            else:
-                ins.append(np.ascontiguousarray(np.broadcast_to(xs[j][None, :], (M, P))))
-                j += 1
-        with np.errstate(all="ignore"):
-            x = np.asarray(f.sampler(tuple(ins), rng), dtype=float).reshape(M, P)
-            u = fam.to_unconstrained(x)
-            log_c = np.where(grids.flat[g][None, :], 0.0, grids.cav_out[g].logpdf(x))
-        ok = np.isfinite(u) & np.isfinite(log_c)
-        u = np.where(ok, u, 0.0)
-        log_c = np.where(ok, log_c, -np.inf)
-        top = log_c.max(axis=0)
-        safe = np.where(np.isfinite(top), top, 0.0)
-        w = np.exp(log_c - safe[None, :])
-        total = w.sum(axis=0)
-        log_z = np.where(total > 0, np.log(total / M) + safe, -np.inf)
-        w = w / np.where(total > 0, total, 1.0)[None, :]
-        ET = np.einsum("mp,mpk->pk", w, fam.sufficient_statistics_unconstrained(u))
-        mu = np.einsum("mp,mp->p", w, u)
-        var = np.einsum("mp,mp->p", w, (u - mu[None, :]) ** 2)
-        return log_z, ET, mu, var, u.T, w.T
+        log_z, ET, mu, var = np.empty(P), np.empty((P, 2)), np.empty(P), np.empty(P)
+        us, ws = np.empty((P, M)), np.empty((P, M))
+        step = max(1, _CHUNK // M)
+        for lo in range(0, P, step):
+            c = slice(lo, min(P, lo + step))
+            width = c.stop - c.start
+            ins, j = [], 0
+            for i, s in enumerate(f.inputs):
+                if isinstance(s, DataSlot):
+                    ins.append(np.ascontiguousarray(np.broadcast_to(self._data[i][g[c]][None, :], (M, width))))
+                else:
+                    ins.append(np.ascontiguousarray(np.broadcast_to(xs[j][c][None, :], (M, width))))
+                    j += 1
+            with np.errstate(all="ignore"):
+                x = np.asarray(f.sampler(tuple(ins), rng), dtype=float).reshape(M, width)
+                u = fam.to_unconstrained(x)
+                log_c = np.where(grids.flat[g[c]][None, :], 0.0, grids.cav_out[g[c]].logpdf(x))
+            ok = np.isfinite(u) & np.isfinite(log_c)
+            u = np.where(ok, u, 0.0)
+            log_c = np.where(ok, log_c, -np.inf)
+            top = log_c.max(axis=0)
+            safe = np.where(np.isfinite(top), top, 0.0)
+            w = np.exp(log_c - safe[None, :])
+            total = w.sum(axis=0)
+            log_z[c] = np.where(total > 0, np.log(total / M) + safe, -np.inf)
+            w = w / np.where(total > 0, total, 1.0)[None, :]
+            ET[c] = np.einsum("mp,mpk->pk", w, fam.sufficient_statistics_unconstrained(u))
+            mu[c] = np.einsum("mp,mp->p", w, u)
+            var[c] = np.einsum("mp,mp->p", w, (u - mu[c][None, :]) ** 2)
+            us[c], ws[c] = u.T, w.T
+        return log_z, ET, mu, var, us, ws
 
 
 def _inverse_cdfs(weights: np.ndarray, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
