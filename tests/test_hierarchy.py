@@ -76,8 +76,8 @@ def test_a_hyper_scale_over_few_groups_matches_the_exact_posterior():
     logp = stats.halfnorm.logpdf(s_grid) + log_z.sum(axis=1)
     mean, sd = _grid_moments(logp, s_grid)
     draws = idata.posterior["s"].values.ravel()
-    assert abs(draws.mean() - mean) < 0.06 * sd
-    assert draws.std() == pytest.approx(sd, rel=0.05)
+    assert abs(draws.mean() - mean) < 0.05 * sd
+    assert draws.std() == pytest.approx(sd, rel=0.07)
     # the draws keep the hyper-scale's correlation with the group scales, which EP's
     # independent marginals would leave at 0: the empty group's scale is s |Z|, whose
     # correlation with s is E|Z| sd(s) / sd(s |Z|)
@@ -136,7 +136,8 @@ def test_a_laplace_prior_scale_with_gaussian_coefficients_matches_the_exact_post
         lam = pm.HalfNormal("lam", 2.0)
         w = pm.Laplace("w", 0.0, lam, shape=K)
         pm.Normal("z", w, 1.0, observed=z)
-    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    # more draws: lam's long right tail makes the sd of 2,000 draws uncertain by 3-4%
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=5000)
     assert "w: collapsed prior" in idata.ep.attrs["factor_methods"]
 
     # int Laplace(w | 0, b) N(z | w, 1) dw in closed form (a grid would step over the spike
@@ -147,7 +148,75 @@ def test_a_laplace_prior_scale_with_gaussian_coefficients_matches_the_exact_post
     lam_grid = b[:, 0]
     logp = stats.halfnorm.logpdf(lam_grid, scale=2.0) + log_z.sum(axis=1)
     mean, sd = _grid_moments(logp, lam_grid)
-    # the draws are EP's marginal, a Gamma of the exact law's mean and mean log (1.07 of its sd)
+    # drawn from the collapsed law's marginal (EP's Gamma marginal has 1.07 of the exact sd;
+    # drawn given EP's Gaussian draws of w, which lack the prior's spike at 0, lam came out
+    # 0.26 sd high and 0.74 as wide)
     draws = idata.posterior["lam"].values.ravel()
-    assert abs(draws.mean() - mean) < 0.06 * sd
-    assert draws.std() == pytest.approx(sd, rel=0.1)
+    assert abs(draws.mean() - mean) < 0.05 * sd
+    assert draws.std() == pytest.approx(sd, rel=0.07)
+
+
+def test_a_laplace_prior_on_many_coefficients_is_integrated_to_its_closed_form():
+    # The output integrals against int Laplace(w | 0, b) N(z | w, 1) dw in closed form, for 300
+    # coefficients (290 of them 0) over the scale's posterior range: on the grid alone, a kink
+    # at 0 within a few spacings of a conditional law erred by up to 16% per coefficient, -7.6
+    # nats in all at b = 0.064, where the exact posterior's mean is 0.058 (review of stop 28).
+    from pmkjit.ep.hierarchy import _INNER_HALF, _INNER_NODES, CollapsedPrior, _OutputGrids
+    from pmkjit.families import Gaussian
+
+    rng = np.random.default_rng(7)
+    K = 300
+    w_true = np.zeros(K)
+    w_true[:10] = rng.normal(0, 3, 10)
+    z = w_true + rng.normal(size=K)
+    with pm.Model() as model:
+        lam = pm.HalfNormal("lam", 1.0)
+        pm.Normal("z", pm.Laplace("w", 0.0, lam, shape=K), 1.0, observed=z)
+    method = CollapsedPrior(_factor(model, "w"), None, rng=np.random.default_rng(1))
+    cavity = Gaussian(z, np.ones(K))
+    centre, sd = 0.3 * z, np.full(K, 0.7)  # the outputs' EP marginals set each grid
+    u = centre[:, None] + (_INNER_HALF * sd)[:, None] * np.linspace(-1, 1, _INNER_NODES)[None, :]
+    grids = _OutputGrids(u, 2 * _INNER_HALF * sd / (_INNER_NODES - 1), cavity.logpdf_unconstrained(u), u,
+                         Gaussian.sufficient_statistics_unconstrained(u), cavity, np.zeros(K, bool))
+    b = np.exp(np.linspace(np.log(0.02), np.log(0.6), 41))[:, None]
+    log_z = method._inner([b[:, 0]], grids)[0]
+    exact = -np.log(2 * b) + 0.5 / b**2 + np.logaddexp(-z / b + special.log_ndtr(z - 1 / b),
+                                                        z / b + special.log_ndtr(-z - 1 / b))
+    assert np.abs(log_z - exact).max() < 0.01
+    # in all, within 0.1 nats (the prior's draws on the narrowest laws: 0.06 at b = 0.02)
+    assert np.abs((log_z - exact).sum(axis=1)).max() < 0.1
+
+
+def test_a_hyper_scale_is_drawn_given_the_group_scales_it_shares_out():
+    # A funnel: b[g, j] ~ Normal(0, sigma[g]), sigma[g] ~ HalfNormal(s), s ~ HalfCauchy(1),
+    # and a seventh group with no data. The group scales are drawn given the group effects'
+    # law (pmkjit.ep.conditional), the hyper-scale given them; one draw in 2,000 whose law the
+    # grid could not hold (the empty group's scale drawn far into the HalfCauchy's tail) made
+    # every draw of s fall back to EP's Gamma marginal, sd 0.85 of the exact one (review of
+    # stop 28). Exact: b integrated out (y_gj ~ Normal(0, sqrt(sigma_g^2 + 1))), then each
+    # sigma_g on a grid given s.
+    rng = np.random.default_rng(3)
+    G, J = 6, 4
+    sig_true = np.abs(rng.normal(0, 1.5, G))
+    y = rng.normal(0, sig_true[:, None], (G, J)) + rng.normal(0, 1, (G, J))
+    with pm.Model() as model:
+        s = pm.HalfCauchy("s", 1.0)
+        sigma = pm.HalfNormal("sigma", s, shape=G + 1)
+        b = pm.Normal("b", 0, sigma[:G, None], shape=(G, J))
+        pm.Normal("y", b, 1.0, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=2000)
+    assert "sigma: collapsed prior" in idata.ep.attrs["factor_methods"]
+    s_grid = np.exp(np.linspace(np.log(1e-3), np.log(300), 2500))
+    v = np.exp(np.linspace(np.log(1e-4), np.log(1e3), 6000))
+    log_lik = np.stack([stats.norm.logpdf(y[g][:, None], 0, np.sqrt(v**2 + 1)[None, :]).sum(0) for g in range(G)])
+    log_prior = stats.halfnorm.logpdf(v[None, :], scale=s_grid[:, None]) + np.log(v)[None, :]  # per log v
+    log_z = special.logsumexp(log_prior[:, None, :] + log_lik[None], axis=2)
+    logp = stats.halfcauchy.logpdf(s_grid) + np.log(s_grid) + log_z.sum(axis=1)  # per log s
+    # the group scales' draws are independent given the data (EP's marginals, reweighted), not
+    # correlated through s as they are a posteriori, so s given them is a little narrow: sds of
+    # s and log s 0.97 and 0.95 of the exact ones
+    draws = idata.posterior["s"].values.ravel()
+    for x, d in ((s_grid, draws), (np.log(s_grid), np.log(draws))):
+        mean, sd = _grid_moments(logp, x)
+        assert abs(d.mean() - mean) < 0.08 * sd
+        assert d.std() == pytest.approx(sd, rel=0.08)

@@ -1116,15 +1116,21 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
                 # Not given a Gaussian output's draws: EP's Gaussian marginal of a coefficient
                 # under a Laplace prior lacks the prior's spike at 0 where the data are weak, and
                 # the scale drawn given it came out 0.26 sd high and 0.74 as wide as the exact
-                # law, where EP's own marginal of the scale was within 0.01 sd (and 1.07 as wide)
-                if out is None:
-                    continue
-                x = elements[out[0]][:, out[1]]
-                draws = method.draws_given(np.asarray(x, dtype=float), marginals, state.sites[fi], rng, priors)
+                # law. The hyperparameters are then drawn from the law's marginal, independent of
+                # the outputs as EP's draws are, but not confined to their family's shape.
+                draws = None
+                if out is not None:
+                    x = np.asarray(elements[out[0]][:, out[1]], dtype=float)
+                    draws = method.draws_given(x, marginals, state.sites[fi], rng, priors)
                 if draws is None:
-                    continue
+                    draws = method.joint_draws(marginals, state.sites[fi], n, rng, priors)
+                    if draws is None:
+                        continue
+                    draws = draws[:-1]
             for (name, idx), x in zip(found, draws):
-                elements[name][:, idx] = np.asarray(x, dtype=float).reshape(n, idx.size)
+                x = np.asarray(x, dtype=float).reshape(n, idx.size)
+                keep = np.isfinite(x)  # a draw the grid could not resolve keeps EP's
+                elements[name][:, idx] = np.where(keep, x, elements[name][:, idx])
             taken |= set(keys)
             done.add(fi)
             continue

@@ -52,12 +52,21 @@ _FAMILIES = (Gaussian, Gamma, Beta)
 _INNER_NODES = 121
 _INNER_HALF = 8.0
 _INNER_EDGE = 1e-7
-# most spacing in the conditional law's sds: the trapezoid rule's relative error on a
-# Gaussian is about exp(-2 pi^2 (sd / h)^2), 3e-9 at one sd (a law with a kink, a Laplace
-# prior's at its centre, converges as h^2 instead: 1% at one sd)
-_INNER_SPACING = 1.0
+# least sd of a conditional law, in grid spacings, for the grid's answer to stand. The
+# trapezoid rule's relative error on a Gaussian is about exp(-2 pi^2 (sd / h)^2), negligible
+# at one spacing, but on a law with a kink it converges as h^2 only: a Laplace prior's
+# exp(-|x| / b) erred by -8% to +16% (where the kink falls) at one spacing, about 1% at four
+_INNER_SPACING = 4.0
 _INNER_PASSES = 4
-_SAMPLES = 512  # the prior's draws per pair where its conditional law is narrower than the grid's spacing
+# a narrower law is integrated again on its own grid of _FINE_NODES over +- 10 of its sds (and
+# two coarse spacings: a Laplace prior's exponential tails leave 2e-4 of the mass beyond 6),
+# where the same criterion holds at about ten times the resolution
+_FINE_NODES = 241
+_FINE_HALF = 10.0
+_FINE_EDGE = 1e-5
+# narrower still, the prior is much narrower than the cavity (its spike as its scale nears 0),
+# and the prior's own _SAMPLES draws, weighted by the nearly constant cavity, integrate it
+_SAMPLES = 512
 _WIDEN = 1.6
 # instances x inner nodes x hyperparameter nodes of one grid (pytensor's densities, about 0.1 us
 # each: 2 s a pass, a few passes a sweep); beyond, the instances are many enough that each
@@ -67,7 +76,9 @@ _CHUNK = 4_000_000  # densities evaluated at once
 # draws of the hyperparameters given the outputs' (CollapsedPrior.draws_given): nodes per axis
 # of their grid, the least effective nodes of a draw's law on it, the most mass on its edge,
 # and the most densities evaluated
-_GIVEN_NODES = {1: 201, 2: 61}
+_DRAW_REFINE = {1: 4, 2: 2}  # the joint draws' grid, nodes per axis over the moments' grid's
+_GIVEN_NODES = {1: 241, 2: 61}
+_GIVEN_FAILED = 0.01  # most share of draws whose law the grid does not resolve (they keep EP's)
 _GIVEN_RESOLVED = 4.0
 _GIVEN_EDGE = 1e-6
 _MAX_GIVEN_EVALUATIONS = 3e8
@@ -179,18 +190,13 @@ class CollapsedPrior(OneSite):
         output's) from the posterior ``marginals`` of the factor's slots and its current
         ``sites``; None where a cavity is improper or the integral is refused."""
         found = self._cavities(marginals, sites)
-        if found is None:
-            # an output's cavity improper (a site of negative precision): the instances' own
-            # method skips it too
+        if found is None or found[2].all():
+            # an output's cavity improper (a site of negative precision), which the instances'
+            # own method skips too; or every one flat (the first sweep, before the factors after
+            # this one have sites), which says nothing of the hyperparameters: no refusal
             return None
         out = self._sites(marginals, sites, *found)
-        if out is not None:
-            self._refused = 0
-        elif not found[2].any():
-            # a law no grid holds counts as a refusal, but not while some outputs' cavities are
-            # flat (the first sweep, before the factors after this one have sites; HalfCauchy
-            # hyperparameters then leave the outputs' prior predictive heavy-tailed)
-            self._refused += 1
+        self._refused = 0 if out is not None else self._refused + 1
         return out
 
     def _cavities(self, marginals, sites) -> tuple[list[ExponentialFamily], ExponentialFamily, np.ndarray] | None:
@@ -283,11 +289,13 @@ class CollapsedPrior(OneSite):
         (:mod:`pmkjit.ep.conditional`). The pair
         is then drawn as the posterior factorises, ``p(x) p(t | x)``: the hyperparameter
         correlated with the outputs as the prior makes it, and its marginal not confined to
-        its family's shape. Each draw's law is on a uniform grid over +-6.5 sds of the
+        its family's shape. Each draw's law is on a uniform grid over +-9 sds of the
         hyperparameters' EP marginals (``_GIVEN_NODES`` per axis), picked by weight and
-        jittered within the cell; None where that would cost more than
-        ``_MAX_GIVEN_EVALUATIONS`` densities, or a draw's law is not resolved on it
-        (fewer than ``_GIVEN_RESOLVED`` effective nodes) or reaches its edge.
+        jittered within the cell. A draw whose law that grid does not resolve (fewer than
+        ``_GIVEN_RESOLVED`` effective nodes, or more than ``_GIVEN_EDGE`` of its mass on the
+        edge: a HalfCauchy hyper-scale given an empty group's scale drawn far out) is NaN, for
+        the caller to keep its own; None where more than ``_GIVEN_FAILED`` of them are, or the
+        grid would cost more than ``_MAX_GIVEN_EVALUATIONS`` densities.
         """
         f = self.factor
         found = self._cavities(marginals, sites)
@@ -300,7 +308,7 @@ class CollapsedPrior(OneSite):
         if n * m**k * G > _MAX_GIVEN_EVALUATIONS:
             return None
         centre, var = _marginal_frames(marginals[:-1], [0] * k)
-        z1 = np.linspace(-6.5, 6.5, m)
+        z1 = np.linspace(-9.0, 9.0, m)
         Z = np.stack(np.meshgrid(*([z1] * k), indexing="ij"), axis=-1).reshape(-1, k)
         U = centre + Z * np.sqrt(var)
         K = U.shape[0]
@@ -312,29 +320,24 @@ class CollapsedPrior(OneSite):
         for lo in range(0, n, step):
             d = slice(lo, min(n, lo + step))
             width = d.stop - d.start
-            ins, j = [], 0
-            for i, s in enumerate(f.inputs):
-                if isinstance(s, DataSlot):
-                    ins.append(np.ascontiguousarray(np.broadcast_to(self._data[i][None, :], (width * K, G))))
-                else:
-                    ins.append(np.ascontiguousarray(np.broadcast_to(np.tile(xs[j], width)[:, None], (width * K, G))))
-                    j += 1
+            ins = self._inputs([np.tile(x, width)[:, None] for x in xs], lambda v: v[None, :], (width * K, G))
             y = np.ascontiguousarray(np.repeat(outputs[d], K, axis=0))
             with np.errstate(all="ignore"):
                 lp = np.asarray(f.logp(y, tuple(ins)), dtype=float).reshape(width, K, G).sum(axis=2)
             logw[d] = base[None, :] + lp
         logw = np.where(np.isnan(logw) | (logw == np.inf), -np.inf, logw)
         top = logw.max(axis=1)
-        if not np.all(np.isfinite(top)):
-            return None
-        w = np.exp(logw - top[:, None])
-        w /= w.sum(axis=1, keepdims=True)
+        w = np.exp(logw - np.where(np.isfinite(top), top, 0.0)[:, None])
+        w /= np.maximum(w.sum(axis=1, keepdims=True), 1e-300)
         edge = np.any(np.abs(Z) >= z1[-1] - 1e-9, axis=1)
-        if np.any(1.0 / np.sum(w**2, axis=1) < _GIVEN_RESOLVED) or np.any(w[:, edge].sum(axis=1) > _GIVEN_EDGE):
+        with np.errstate(divide="ignore"):
+            failed = (~np.isfinite(top) | (1.0 / np.sum(w**2, axis=1) < _GIVEN_RESOLVED)
+                      | (w[:, edge].sum(axis=1) > _GIVEN_EDGE))
+        if failed.mean() > _GIVEN_FAILED:
             return None
-        cdf = np.cumsum(w, axis=1)
-        pick = np.minimum((cdf < rng.uniform(size=(n, 1)) * cdf[:, -1:]).sum(axis=1), K - 1)
-        Us = U[pick] + rng.uniform(-0.5, 0.5, size=(n, k)) * (z1[1] - z1[0]) * np.sqrt(var)
+        at = _inverse_cdfs(np.where(failed[:, None], 1.0, w), np.arange(n), rng)
+        Us = U[at] + rng.uniform(-0.5, 0.5, size=(n, k)) * (z1[1] - z1[0]) * np.sqrt(var)
+        Us[failed] = np.nan
         return [type(c).from_unconstrained(Us[:, j]) for j, c in enumerate(shared)]
 
     def joint_draws(self, marginals: Sequence[ExponentialFamily], sites: Sequence[np.ndarray], n: int,
@@ -355,7 +358,7 @@ class CollapsedPrior(OneSite):
         if found is None:
             return None
         shared, cav_out, flat = found
-        law = self._law(shared, marginals[:-1], cav_out, marginals[-1], priors, flat)
+        law = self._law(shared, marginals[:-1], cav_out, marginals[-1], priors, flat, fine=True)
         if law is None:
             return None
         U, w, (_, L0), spacing = law["U"], law["w"], law["frame"], law["spacing"]
@@ -388,7 +391,8 @@ class CollapsedPrior(OneSite):
         return out + [type(cav_out).from_unconstrained(u_draw)]
 
     def _law(self, shared: list, shared_marginals: Sequence[ExponentialFamily], cav_out: ExponentialFamily,
-             m_out: ExponentialFamily, priors: Sequence | None = None, flat: np.ndarray | None = None) -> dict | None:
+             m_out: ExponentialFamily, priors: Sequence | None = None, flat: np.ndarray | None = None,
+             fine: bool = False) -> dict | None:
         """The hyperparameters' law on a rotated grid and each output's conditional laws at its
         nodes, or None where no grid holds the law. Keys: ``U`` the nodes ``(T, k)``
         (unconstrained), ``Z``, ``spacing`` and ``frame`` as :func:`rotated_grid` gives them,
@@ -398,7 +402,8 @@ class CollapsedPrior(OneSite):
         grids, and ``unheld`` the flat outputs whose grids do not hold their laws. ``priors`` as for
         :func:`~pmkjit.ep.collapsed._log_cavities` (the draws' exact priors); ``flat`` the
         outputs whose cavities are flat, whose integrals are 1 (the prior is a density of its
-        output) and whose conditional laws are the prior's."""
+        output) and whose conditional laws are the prior's. ``fine``: the nodes returned are a
+        grid ``_DRAW_REFINE`` times finer per axis over the same range (for draws)."""
         f = self.factor
         k = len(shared)
         fam_out = type(m_out)
@@ -450,6 +455,20 @@ class CollapsedPrior(OneSite):
                 if checked is None:
                     return None
                 self._frame = (c0, L0)
+                if fine:
+                    # the draws' grid: the same frame and range, _DRAW_REFINE times as many nodes
+                    # per axis (a hyper-scale's law in log space has a long exponential tail,
+                    # so +-6.5 of its sds put cells of half a unit of log scale across its
+                    # bulk, and jitter within them widened the draws by 5%)
+                    z1 = np.linspace(Z.min(), Z.max(), _DRAW_REFINE[k] * (int(round(np.ptp(Z[:, 0]) / spacing)) + 1))
+                    Z = np.stack(np.meshgrid(*([z1] * k), indexing="ij"), axis=-1).reshape(-1, k)
+                    U, spacing = c0 + Z @ L0.T, z1[1] - z1[0]
+                    logw = log_law(U)
+                    if logw is None:
+                        return None
+                    w = np.exp(logw - logw.max())
+                    w /= w.sum()
+                    _, ET, mu, v, _ = last["inner"]
                 return {"U": U, "Z": Z, "spacing": spacing, "frame": (c0, L0), "w": w, "mean": checked[0],
                         "cov": checked[1], "inner": (ET, mu, v), "grids": grids, "unheld": flat & wide}
             half *= _WIDEN
@@ -463,13 +482,13 @@ class CollapsedPrior(OneSite):
         integral ``Z_g(t)`` ``(T, G)``, its conditional law's expected sufficient statistics
         ``(T, G, 2)``, the mean and variance of its unconstrained coordinate ``(T, G)``, and the
         share of its mass on the grid's two outer nodes each side ``(T, G)``; with ``keep``, also
-        its normalised weights on the grid ``(T, G, n)`` and the pairs answered by sampling
-        (:meth:`_by_sampling`: their nodes and instances ``(P,)`` and weighted draws
-        ``(P, M)``), or None.
+        its normalised weights on the grid ``(T, G, n)`` and the pairs answered otherwise
+        (their nodes and instances ``(P,)`` and weighted points ``(P, m)``), or None.
 
-        A conditional law narrower than the grid's spacing (a Laplace prior's on a coefficient
-        as its scale nears 0: a spike the grid steps over) is the prior's, the cavity nearly
-        constant across it, so the prior's own draws weighted by the cavity integrate it."""
+        A conditional law narrower than ``_INNER_SPACING`` spacings is integrated again on its
+        own finer grid (:meth:`_refined`); one narrower than that too (a Laplace prior's spike at
+        0 as its scale nears 0) is the prior's, the cavity nearly constant across it, so the
+        prior's own draws weighted by the cavity integrate it (:meth:`_by_sampling`)."""
         f = self.factor
         u, h, log_cav, x_out, T_out = grids.u, grids.h, grids.log_cav, grids.x_out, grids.T_out
         G, n = u.shape
@@ -482,37 +501,68 @@ class CollapsedPrior(OneSite):
         for lo in range(0, T, step):
             t = slice(lo, min(T, lo + step))
             width = t.stop - t.start
-            ins, j = [], 0
-            for i, s in enumerate(f.inputs):
-                if isinstance(s, DataSlot):
-                    ins.append(np.ascontiguousarray(np.broadcast_to(np.repeat(self._data[i], n)[None, :],
-                                                                    (width, G * n))))
-                else:
-                    ins.append(np.ascontiguousarray(np.broadcast_to(xs[j][t, None], (width, G * n))))
-                    j += 1
+            ins = self._inputs([x[t, None] for x in xs], lambda d: np.repeat(d, n)[None, :], (width, G * n))
             lp = np.asarray(f.logp(np.ascontiguousarray(np.broadcast_to(y, (width, G * n))), tuple(ins)),
                             dtype=float).reshape(width, G, n)
-            lp = np.where(np.isnan(lp) | (lp == np.inf), -np.inf, lp) + log_cav[None]
-            top = lp.max(axis=2)
-            safe = np.where(np.isfinite(top), top, 0.0)
-            p = np.exp(lp - safe[..., None])
-            total = p.sum(axis=2)
-            logZ[t] = np.where(total > 0, np.log(total) + safe + np.log(h)[None, :], -np.inf)
-            q = p / np.where(total > 0, total, 1.0)[..., None]
-            ET[t] = np.einsum("tgn,gnk->tgk", q, T_out)
-            mu[t] = np.einsum("tgn,gn->tg", q, u)
-            var[t] = np.einsum("tgn,tgn->tg", q, (u[None] - mu[t][..., None]) ** 2)
-            edge[t] = q[..., :2].sum(axis=2) + q[..., -2:].sum(axis=2)
+            logZ[t], ET[t], mu[t], var[t], edge[t], q = _reduce(lp + log_cav[None], u[None], h[None, :], T_out[None])
             if keep:
                 kept[t] = q
         bad_t, bad_g = np.nonzero(~(np.sqrt(var) >= _INNER_SPACING * h[None, :]) | ~np.isfinite(logZ))
-        sampled = None
+        points = None
         if bad_t.size:
-            found = self._by_sampling([x[bad_t] for x in xs], bad_g, grids)
-            logZ[bad_t, bad_g], ET[bad_t, bad_g], mu[bad_t, bad_g], var[bad_t, bad_g] = found[:4]
+            sub = [x[bad_t] for x in xs]
+            fine = self._refined(sub, bad_g, mu[bad_t, bad_g], np.sqrt(var[bad_t, bad_g]), grids)
+            fine, ok = list(fine[:6]), fine[6]
+            if not ok.all():
+                mc = self._by_sampling([x[~ok] for x in sub], bad_g[~ok], grids)
+                for k in range(4):
+                    fine[k][~ok] = mc[k]
+                fine[4], fine[5] = _padded(fine[4], mc[4], ok), _padded(fine[5], mc[5], ok)
+            logZ[bad_t, bad_g], ET[bad_t, bad_g], mu[bad_t, bad_g], var[bad_t, bad_g] = fine[:4]
             edge[bad_t, bad_g] = 0.0
-            sampled = (bad_t, bad_g) + found[4:]
-        return (logZ, ET, mu, var, edge) + (((kept, sampled),) if keep else ())
+            points = (bad_t, bad_g, fine[4], fine[5])
+        return (logZ, ET, mu, var, edge) + (((kept, points),) if keep else ())
+
+    def _inputs(self, shared: list[np.ndarray], data, shape: tuple) -> list[np.ndarray]:
+        """The factor's inputs in order, each broadcast to ``shape``: the hyperparameters from
+        ``shared`` (arrays that broadcast), each data input through ``data`` (its values per
+        instance to an array that broadcasts)."""
+        ins, j = [], 0
+        for i, s in enumerate(self.factor.inputs):
+            a = data(self._data[i]) if isinstance(s, DataSlot) else shared[j]
+            j += not isinstance(s, DataSlot)
+            ins.append(np.ascontiguousarray(np.broadcast_to(a, shape)))
+        return ins
+
+    def _refined(self, xs: list[np.ndarray], g: np.ndarray, centre: np.ndarray, sd: np.ndarray,
+                 grids: _OutputGrids) -> tuple:
+        """:meth:`_inner`'s answers for ``P`` pairs of hyperparameters ``xs`` and instances ``g``
+        on a grid of their own, ``_FINE_NODES`` over the coarse answer's mean ``centre`` +-
+        ``_FINE_HALF`` of its sds ``sd`` and two coarse spacings: ``(log Z, E[T], mean, var, u, weights, ok)``,
+        ``ok`` where that grid resolves the law (``_INNER_SPACING`` of its spacings, at most
+        ``_FINE_EDGE`` on its edge)."""
+        f = self.factor
+        fam = type(grids.cav_out)
+        P, m = g.size, _FINE_NODES
+        out = [np.full(P, -np.inf), np.zeros((P, 2)), np.zeros(P), np.zeros(P), np.zeros((P, m)), np.zeros((P, m)),
+               np.zeros(P, bool)]
+        usable = np.flatnonzero(np.isfinite(centre) & np.isfinite(sd))
+        step = max(1, _CHUNK // m)
+        for lo in range(0, usable.size, step):
+            c = usable[lo:lo + step]
+            half = _FINE_HALF * np.maximum(sd[c], 0.0) + 2.0 * grids.h[g[c]]
+            u = centre[c, None] + half[:, None] * np.linspace(-1.0, 1.0, m)[None, :]
+            h = 2.0 * half / (m - 1)
+            with np.errstate(all="ignore"):
+                log_cav = np.where(grids.flat[g[c], None], fam.log_abs_det_jacobian(u),
+                                   grids.cav_out[g[c]].logpdf_unconstrained(u))
+                ins = self._inputs([x[c, None] for x in xs], lambda d: d[g[c], None], u.shape)
+                lp = np.asarray(f.logp(np.ascontiguousarray(fam.from_unconstrained(u)), tuple(ins)), dtype=float)
+                log_z, ET, mu, var, edge, q = _reduce(lp + log_cav, u, h, fam.sufficient_statistics_unconstrained(u))
+            ok = np.isfinite(log_z) & (np.sqrt(var) >= _INNER_SPACING * h) & (edge <= _FINE_EDGE)
+            for k, a in enumerate((log_z, ET, mu, var, u, q, ok)):
+                out[k][c] = a
+        return tuple(out)
 
     def _by_sampling(self, xs: list[np.ndarray], g: np.ndarray, grids: _OutputGrids) -> tuple:
         """:meth:`_inner`'s answers for ``P`` pairs of hyperparameters ``xs`` (``(P,)`` each) and
@@ -530,13 +580,7 @@ class CollapsedPrior(OneSite):
         for lo in range(0, P, step):
             c = slice(lo, min(P, lo + step))
             width = c.stop - c.start
-            ins, j = [], 0
-            for i, s in enumerate(f.inputs):
-                if isinstance(s, DataSlot):
-                    ins.append(np.ascontiguousarray(np.broadcast_to(self._data[i][g[c]][None, :], (M, width))))
-                else:
-                    ins.append(np.ascontiguousarray(np.broadcast_to(xs[j][c][None, :], (M, width))))
-                    j += 1
+            ins = self._inputs([x[c][None, :] for x in xs], lambda d: d[g[c]][None, :], (M, width))
             with np.errstate(all="ignore"):
                 x = np.asarray(f.sampler(tuple(ins), rng), dtype=float).reshape(M, width)
                 u = fam.to_unconstrained(x)
@@ -567,3 +611,32 @@ def _inverse_cdfs(weights: np.ndarray, rows: np.ndarray, rng: np.random.Generato
     flat = (np.minimum(cdf, 1.0) + np.arange(R)[:, None]).ravel()
     at = np.searchsorted(flat, rows + rng.uniform(size=rows.size)) - rows * m
     return np.clip(at, 0, m - 1)
+
+
+def _reduce(lp: np.ndarray, u: np.ndarray, h: np.ndarray, T: np.ndarray) -> tuple:
+    """A law's log density ``lp`` at uniformly spaced nodes ``u`` (last axis; spacing ``h`` per
+    row) to its log integral, expected sufficient statistics ``T`` (``(..., n, 2)``), mean
+    and variance of ``u``, share of mass on the two outer nodes each side, and normalised
+    weights; a row without mass has log integral ``-inf``."""
+    lp = np.where(np.isnan(lp) | (lp == np.inf), -np.inf, lp)
+    top = lp.max(axis=-1)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    p = np.exp(lp - safe[..., None])
+    total = p.sum(axis=-1)
+    with np.errstate(divide="ignore"):
+        log_z = np.where(total > 0, np.log(total) + safe + np.log(h), -np.inf)
+    q = p / np.where(total > 0, total, 1.0)[..., None]
+    ET = np.einsum("...n,...nk->...k", q, np.broadcast_to(T, q.shape + (2,)))
+    mu = np.sum(q * u, axis=-1)
+    var = np.sum(q * (u - mu[..., None]) ** 2, axis=-1)
+    edge = q[..., :2].sum(axis=-1) + q[..., -2:].sum(axis=-1)
+    return log_z, ET, mu, var, edge, q
+
+
+def _padded(a: np.ndarray, b: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Rows of ``a`` where ``ok``, else the next row of ``b``, both padded with zeros to one width."""
+    width = max(a.shape[1], b.shape[1])
+    out = np.zeros((ok.size, width))
+    out[ok, :a.shape[1]] = a[ok]
+    out[~ok, :b.shape[1]] = b
+    return out
