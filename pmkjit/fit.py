@@ -556,7 +556,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             # a hierarchical prior's instances share their hyperparameters: one site for the
             # whole prior, exact given the outputs' other messages, where instance-by-instance
             # sites left a hyper-scale over six groups at 0.75 of NUTS's sd, unwarned
-            collapsed = CollapsedPrior(f, orc, rng=sub)
+            collapsed = CollapsedPrior(f, orc, rng=sub, graph=graph)
             kjits.append(None)
             methods.append(collapsed)
             oracles[-1] = collapsed

@@ -33,6 +33,7 @@ from pmkjit.ep.collapsed import (
     _LAPLACE_RESOLVED,
     OneSite,
     _checked_moments,
+    _exact_priors,
     _log_cavities,
     _marginal_frames,
     rotated_grid,
@@ -154,6 +155,9 @@ class CollapsedPrior(OneSite):
         improper or the integral is refused.
     rng : numpy.random.Generator, optional
         Seeds the prior's forward draws (:meth:`_by_sampling`).
+    graph : FactorGraph, optional
+        The model's graph: where a hyperparameter's cavity is improper, its own prior's exact
+        density stands in for that prior's site (:func:`~pmkjit.ep.collapsed._exact_priors`).
 
     Attributes
     ----------
@@ -163,11 +167,12 @@ class CollapsedPrior(OneSite):
         Sweeps answered instance by instance instead (set by the engine).
     """
 
-    def __init__(self, factor: BlackBoxFactor, per_instance, rng: np.random.Generator | None = None):
+    def __init__(self, factor: BlackBoxFactor, per_instance, rng: np.random.Generator | None = None, graph=None):
         if not collapsible_prior(factor):
             raise ValueError(f"{factor.name}: not a prior of shared hyperparameters ({factor.description})")
         self.factor = factor
         self.per_instance = per_instance
+        self._graph = graph
         self.n_integrals = 0
         self.n_per_instance_sweeps = 0
         self._refused = 0
@@ -195,7 +200,13 @@ class CollapsedPrior(OneSite):
             # own method skips too; or every one flat (the first sweep, before the factors after
             # this one have sites), which says nothing of the hyperparameters: no refusal
             return None
-        out = self._sites(marginals, sites, *found)
+        priors = None
+        if self._graph is not None and state is not None and not all(np.all(c.is_proper()) for c in found[0]):
+            # an improper cavity (a HalfCauchy's Gamma site, lam^-1.03) can leave the law itself
+            # improper at 0, where the prior's exact density is flat: the law with that density
+            # in place of the site, as the joint draws have it
+            priors = _exact_priors(self._graph, state, self.factor)
+        out = self._sites(marginals, sites, *found, priors=priors)
         self._refused = 0 if out is not None else self._refused + 1
         return out
 
@@ -222,10 +233,10 @@ class CollapsedPrior(OneSite):
             return None
         return shared, cav_out, flat
 
-    def _sites(self, marginals, sites, shared, cav_out, flat) -> list[np.ndarray] | None:
+    def _sites(self, marginals, sites, shared, cav_out, flat, priors=None) -> list[np.ndarray] | None:
         f = self.factor
         m_out = marginals[-1]
-        found = self._law(shared, marginals[:-1], cav_out, m_out, flat=flat)
+        found = self._law(shared, marginals[:-1], cav_out, m_out, priors=priors, flat=flat)
         if found is None:
             return None
         self.n_integrals += 1
