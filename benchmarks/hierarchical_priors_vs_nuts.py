@@ -22,9 +22,6 @@ Run: ``python benchmarks/hierarchical_priors_vs_nuts.py`` (about 15 minutes);
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import sys
 from pathlib import Path
 
@@ -34,9 +31,8 @@ import pymc as pm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import pmkjit  # noqa: E402, F401  (pmkjit.fit is patched below)
-from jit_compound_gamma import git_state  # noqa: E402
-from shared_scalars_vs_nuts import compare_model  # noqa: E402
+import pmkjit  # noqa: E402, F401  (pmkjit.fit is patched by run_variants)
+from shared_scalars_vs_nuts import run_variants  # noqa: E402
 
 
 def group_scales(rng):
@@ -103,41 +99,9 @@ MODELS = {f.__name__: f for f in (group_scales, pumps, rats, lasso_logistic, stu
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--variants", nargs="+", choices=["collapsed", "instance-by-instance"],
-                        default=["collapsed", "instance-by-instance"])
-    parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--out", type=Path,
-                        default=ROOT / "benchmarks" / "results" / "hierarchical_priors_vs_nuts.json")
-    args = parser.parse_args()
-    fit_module = sys.modules["pmkjit.fit"]
-    collapsible_prior = fit_module.collapsible_prior
-    rows = []
-    print(f"{'model':20s} {'variant':21s} {'max |z|':>8s} {'sd ratio':>11s} {'corr EP/NUTS':>13s} "
-          f"{'sweeps':>6s} {'EP s':>6s} {'NUTS s':>6s}")
-    for name in args.models:
-        for variant in args.variants:
-            # the ablation: no prior is collapsed, as before pmkjit.ep.hierarchy
-            fit_module.collapsible_prior = collapsible_prior if variant == "collapsed" else (lambda factor: False)
-            model, pair = MODELS[name](np.random.default_rng(args.seed))
-            r = compare_model(model, name, pair, args.seed, variant, target_accept=0.95)
-            rows.append(r)
-            print(f"{name:20s} {variant:21s} {r['max_z_err']:8.3f} {r['sd_ratio_min']:5.2f}-{r['sd_ratio_max']:4.2f} "
-                  f"{r['corr_ep']:6.2f}/{r['corr_nuts']:5.2f} {r['sweeps']:5d}{'' if r['converged'] else '*'} "
-                  f"{r['seconds_ep']:6.1f} {r['seconds_nuts']:6.1f}{'  warned' if r['warnings'] else ''}",
-                  flush=True)
-    fit_module.collapsible_prior = collapsible_prior
-    print("* not converged in max_sweeps")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "command": "python benchmarks/hierarchical_priors_vs_nuts.py"
-        + (" --models " + " ".join(args.models) if args.models != list(MODELS) else "")
-        + (" --variants " + " ".join(args.variants) if args.variants != ["collapsed", "instance-by-instance"] else ""),
-        "code": git_state(), "seed": args.seed, "rows": rows,
-        "machine": {"python": platform.python_version(), "pymc": pm.__version__, "cpus": __import__("os").cpu_count()},
-    }, indent=1))
-    print(f"wrote {args.out}")
+    run_variants(MODELS, lambda name, rng: MODELS[name](rng), "collapsible_prior", "hierarchical_priors_vs_nuts.py",
+                 ROOT / "benchmarks" / "results" / "hierarchical_priors_vs_nuts.json", target_accept=0.95, width=20,
+                 description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -302,13 +302,6 @@ MODELS = {f.__name__: f for f in (negbin, betabinom, gamma, weibull, inverse_gam
                                    gamma_large_regression)}
 
 
-def compare(name: str, seed: int, variant: str) -> dict:
-    model = MODELS[name](np.random.default_rng(seed))
-    names = [v.name for v in model.free_RVs]
-    pair = [names[0], "s" if "s" in names else names[2]] if name.endswith("_regression") else names[:2]
-    return compare_model(model, name, pair, seed, variant)
-
-
 def compare_model(model, name: str, pair: list[str], seed: int, variant: str, target_accept: float = 0.8) -> dict:
     """EP (``pmkjit.fit``) against NUTS on ``model``: the row of one model and variant, the
     correlation taken between the first entries of the two variables named in ``pair``."""
@@ -350,40 +343,59 @@ def compare_model(model, name: str, pair: list[str], seed: int, variant: str, ta
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+def run_variants(models: dict, build, switch: str, script: str, out: Path, target_accept: float = 0.8,
+                 width: int = 26, description: str = "") -> None:
+    """The side-by-side run of a benchmark script: ``build(name, rng) -> (model, pair)`` for each
+    of ``models``, fitted with the library as it is (``collapsed``) and with ``pmkjit.fit``'s
+    function ``switch`` (which says whether a factor gets one site) answering False (the
+    ablation), each against NUTS; rows printed and written to ``out`` as JSON with the command
+    (``script`` and its arguments) and the code's commit."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--models", nargs="+", choices=list(models), default=list(models))
     parser.add_argument("--variants", nargs="+", choices=["collapsed", "instance-by-instance"],
                         default=["collapsed", "instance-by-instance"])
     parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "shared_scalars_vs_nuts.json")
+    parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args()
     fit_module = sys.modules["pmkjit.fit"]
-    collapsible = fit_module.collapsible
+    one_site = getattr(fit_module, switch)
     rows = []
-    print(f"{'model':26s} {'variant':21s} {'max |z|':>8s} {'sd ratio':>11s} {'corr EP/NUTS':>13s} "
+    print(f"{'model':{width}s} {'variant':21s} {'max |z|':>8s} {'sd ratio':>11s} {'corr EP/NUTS':>13s} "
           f"{'sweeps':>6s} {'EP s':>6s} {'NUTS s':>6s}")
     for name in args.models:
         for variant in args.variants:
-            # the ablation: no factor is collapsed, as before pmkjit.ep.collapsed
-            fit_module.collapsible = collapsible if variant == "collapsed" else (lambda factor: False)
-            r = compare(name, args.seed, variant)
+            # the ablation: no factor of this kind gets one site, as before it did
+            setattr(fit_module, switch, one_site if variant == "collapsed" else (lambda factor: False))
+            model, pair = build(name, np.random.default_rng(args.seed))
+            r = compare_model(model, name, pair, args.seed, variant, target_accept)
             rows.append(r)
-            print(f"{name:26s} {variant:21s} {r['max_z_err']:8.3f} {r['sd_ratio_min']:5.2f}-{r['sd_ratio_max']:4.2f} "
+            print(f"{name:{width}s} {variant:21s} {r['max_z_err']:8.3f} {r['sd_ratio_min']:5.2f}-{r['sd_ratio_max']:4.2f} "
                   f"{r['corr_ep']:6.2f}/{r['corr_nuts']:5.2f} {r['sweeps']:5d}{'' if r['converged'] else '*'} "
                   f"{r['seconds_ep']:6.1f} {r['seconds_nuts']:6.1f}{'  warned' if r['warnings'] else ''}",
                   flush=True)
-    fit_module.collapsible = collapsible
+    setattr(fit_module, switch, one_site)
     print("* not converged in max_sweeps")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "command": "python benchmarks/shared_scalars_vs_nuts.py"
-        + (" --models " + " ".join(args.models) if args.models != list(MODELS) else "")
+        "command": f"python benchmarks/{script}"
+        + (" --models " + " ".join(args.models) if args.models != list(models) else "")
         + (" --variants " + " ".join(args.variants) if args.variants != ["collapsed", "instance-by-instance"] else ""),
         "code": git_state(), "seed": args.seed, "rows": rows,
         "machine": {"python": platform.python_version(), "pymc": pm.__version__, "cpus": __import__("os").cpu_count()},
     }, indent=1))
     print(f"wrote {args.out}")
+
+
+def main() -> None:
+    def build(name, rng):
+        model = MODELS[name](rng)
+        names = [v.name for v in model.free_RVs]
+        pair = [names[0], "s" if "s" in names else names[2]] if name.endswith("_regression") else names[:2]
+        return model, pair
+
+    run_variants(MODELS, build, "collapsible", "shared_scalars_vs_nuts.py",
+                 ROOT / "benchmarks" / "results" / "shared_scalars_vs_nuts.json",
+                 description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
