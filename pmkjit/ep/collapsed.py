@@ -1082,7 +1082,10 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
     coherent: each latent is an element of an element variable, or a coordinate of the
     Gaussian block that EP's posterior leaves uncorrelated with every other; none is in
     ``fixed`` (variables drawn given others, :mod:`pmkjit.ep.conditional`) or read by
-    another collapsed factor drawn so. Returns the indices of the factors drawn jointly.
+    another collapsed factor drawn so. A hierarchical prior's
+    (:class:`~pmkjit.ep.hierarchy.CollapsedPrior`) element hyperparameters are drawn with its
+    outputs from its law, given the outputs' draws where those are in ``fixed``, or from the
+    law's marginal beside Gaussian outputs. Returns the indices of the factors drawn jointly.
     """
     from scipy.linalg import cho_solve
 
