@@ -324,10 +324,10 @@ def fit(
             # an operator EP could not converge with is not kept for later fits
             _write_back(store, graph, [None if fi in finished else k for fi, k in enumerate(kjits)])
 
-        collapsed = {fi: m for fi, m in enumerate(methods) if isinstance(m, CollapsedLikelihood) and m.current}
-        # hierarchical priors fitted as one site are drawn from their law too
+        # factors fitted as one site (likelihoods and hierarchical priors) are drawn from their law
         one_site = {fi: m for fi, m in enumerate(methods) if isinstance(m, (CollapsedLikelihood, CollapsedPrior))
                     and m.current}
+        collapsed = {fi: m for fi, m in one_site.items() if isinstance(m, CollapsedLikelihood)}
         t0 = time.perf_counter()
         with default_initial_values(original):
             idata, given, jointly = assemble_inference_data(model, graph, state, draws, chains, rng,

@@ -243,10 +243,23 @@ class OneSite:
     """What EP's engine asks of a method that answers a whole factor with one site: it tries
     :meth:`sites` while :attr:`active`, and otherwise (or where that returns None) asks
     ``per_instance``, the factor's ordinary method, and counts the sweep in
-    ``n_per_instance_sweeps``. Subclasses set ``factor``, ``per_instance``, ``n_integrals``,
-    ``n_per_instance_sweeps`` and ``_refused``, and define ``sites``."""
+    ``n_per_instance_sweeps``. Subclasses define ``sites`` (counting its refusals in
+    ``_refused`` and its answers in ``n_integrals``) and ``_kind``, the method's name."""
 
     collapsed = True
+
+    def __init__(self, factor: BlackBoxFactor, per_instance):
+        self.factor = factor
+        self.per_instance = per_instance
+        self.n_integrals = 0
+        self.n_per_instance_sweeps = 0
+        self._refused = 0  # consecutive sweeps without a collapsed answer
+
+    @property
+    def kind(self) -> str:
+        if self.n_per_instance_sweeps:
+            return f"{self._kind} ({self.n_per_instance_sweeps} sweeps instance by instance)"
+        return self._kind
 
     @property
     def active(self) -> bool:
@@ -300,11 +313,7 @@ class CollapsedLikelihood(OneSite):
         layout = _layout(factor)
         if layout is None:
             raise ValueError(f"{factor.name}: not a likelihood of shared scalars ({factor.description})")
-        self.factor = factor
-        self.per_instance = per_instance
-        self.n_integrals = 0
-        self.n_per_instance_sweeps = 0
-        self._refused = 0  # consecutive sweeps without a collapsed answer
+        super().__init__(factor, per_instance)
         self._quadrature_refused = False
         f = factor
         # per latent input, for linear slots: the reference instance r and every instance's
@@ -332,12 +341,9 @@ class CollapsedLikelihood(OneSite):
         self._data = {i: v[first] for i, v in data.items()}
 
     @property
-    def kind(self) -> str:
-        kind = ("collapsed Laplace" if self._integrator == "laplace"
+    def _kind(self) -> str:
+        return ("collapsed Laplace" if self._integrator == "laplace"
                 else "collapsed quadrature" if sum(self._dims) <= 2 else "collapsed grid")
-        if self.n_per_instance_sweeps:
-            kind += f" ({self.n_per_instance_sweeps} sweeps instance by instance)"
-        return kind
 
     # ------------------------------------------------------------------ EP update
     def sites(self, marginals: Sequence[ExponentialFamily], sites: Sequence[np.ndarray],

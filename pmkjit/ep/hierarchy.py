@@ -170,12 +170,8 @@ class CollapsedPrior(OneSite):
     def __init__(self, factor: BlackBoxFactor, per_instance, rng: np.random.Generator | None = None, graph=None):
         if not collapsible_prior(factor):
             raise ValueError(f"{factor.name}: not a prior of shared hyperparameters ({factor.description})")
-        self.factor = factor
-        self.per_instance = per_instance
+        super().__init__(factor, per_instance)
         self._graph = graph
-        self.n_integrals = 0
-        self.n_per_instance_sweeps = 0
-        self._refused = 0
         self._frame = None  # the hyperparameters' grid frame in the last sweep, where the next starts
         # the seed of the prior's draws where a grid cannot resolve its conditional law
         self._seed = int((rng if rng is not None else np.random.default_rng(0)).integers(2**63 - 1))
@@ -183,11 +179,8 @@ class CollapsedPrior(OneSite):
                       for i, s in enumerate(factor.inputs) if isinstance(s, DataSlot)}
 
     @property
-    def kind(self) -> str:
-        kind = "collapsed prior"
-        if self.n_per_instance_sweeps:
-            kind += f" ({self.n_per_instance_sweeps} sweeps instance by instance)"
-        return kind
+    def _kind(self) -> str:
+        return "collapsed prior"
 
     def sites(self, marginals: Sequence[ExponentialFamily], sites: Sequence[np.ndarray],
               state=None) -> list[np.ndarray] | None:
@@ -597,18 +590,11 @@ class CollapsedPrior(OneSite):
                 u = fam.to_unconstrained(x)
                 log_c = np.where(grids.flat[g[c]][None, :], 0.0, grids.cav_out[g[c]].logpdf(x))
             ok = np.isfinite(u) & np.isfinite(log_c)
-            u = np.where(ok, u, 0.0)
-            log_c = np.where(ok, log_c, -np.inf)
-            top = log_c.max(axis=0)
-            safe = np.where(np.isfinite(top), top, 0.0)
-            w = np.exp(log_c - safe[None, :])
-            total = w.sum(axis=0)
-            log_z[c] = np.where(total > 0, np.log(total / M) + safe, -np.inf)
-            w = w / np.where(total > 0, total, 1.0)[None, :]
-            ET[c] = np.einsum("mp,mpk->pk", w, fam.sufficient_statistics_unconstrained(u))
-            mu[c] = np.einsum("mp,mp->p", w, u)
-            var[c] = np.einsum("mp,mp->p", w, (u - mu[c][None, :]) ** 2)
-            us[c], ws[c] = u.T, w.T
+            u = np.where(ok, u, 0.0).T
+            # the draws as nodes of weight 1 / M each: the mean of the cavity's density over them
+            log_z[c], ET[c], mu[c], var[c], _, ws[c] = _reduce(
+                np.where(ok, log_c, -np.inf).T, u, np.full(width, 1.0 / M), fam.sufficient_statistics_unconstrained(u))
+            us[c] = u
         return log_z, ET, mu, var, us, ws
 
 
