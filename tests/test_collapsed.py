@@ -12,7 +12,7 @@ import pytest
 from scipy import special, stats
 
 import pmkjit
-from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible
+from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, rotated_grid
 from pmkjit.families import Gaussian
 from pmkjit.graph import build_factor_graph
 from pmkjit.operators.grid import GridOracle
@@ -395,3 +395,30 @@ def test_a_law_with_a_long_flat_side_is_integrated_and_drawn_on_a_wide_grid():
     rho = np.sum(w * (gn - exact["nu"][0]) * (gs - exact["s"][0])) / (exact["nu"][1] * exact["s"][1])
     drawn = np.corrcoef(idata.posterior["nu"].values.ravel(), idata.posterior["s"].values.ravel())[0, 1]
     assert rho < -0.6 and abs(drawn - rho) < 0.05
+
+
+def test_the_rotated_grid_pushes_out_only_the_faces_a_long_tail_crosses():
+    # u2 = log of an Exponential(1) draw (a left tail exp(u2), a right one exp(-e^u2)), u1
+    # given it Gaussian about u2 / 2: mean (-g/2, -g), g Euler's constant, var(u2) pi^2/6.
+    # Its left tail leaves 1e-3 of the mass beyond 6.5 sds; a cube grown at the same
+    # spacing until it held it would cost more than the budget of four first grids, while
+    # the face the tail crosses alone may grow.
+    def log_law(U):
+        u1, u2 = U[:, 0], U[:, 1]
+        return u2 - np.exp(u2) - 0.5 * (u1 - 0.5 * u2) ** 2
+
+    nodes = 41
+    found = rotated_grid(log_law, 2, np.zeros(2), np.ones(2), nodes, 1.0, budget=4 * nodes**2)
+    assert found is not None
+    Z, w, spacing, (centre, L) = found
+    U = centre + Z @ L.T
+    mean = w @ U
+    cov = (U - mean).T @ ((U - mean) * w[:, None])
+    var2 = np.pi**2 / 6
+    assert np.allclose(mean, [-0.5 * np.euler_gamma, -np.euler_gamma], atol=2e-3)
+    assert np.allclose(np.diag(cov), [1 + 0.25 * var2, var2], rtol=2e-3)
+    lows, highs = Z.min(axis=0) / spacing, Z.max(axis=0) / spacing
+    # a product of uniform axes of one spacing, longer on one side only
+    assert np.allclose(lows, np.round(lows)) and np.allclose(highs, np.round(highs))
+    reach = np.abs(np.concatenate([lows, highs]))
+    assert reach.max() > 1.5 * reach.min() and Z.shape[0] < 4 * nodes**2

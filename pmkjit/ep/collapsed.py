@@ -80,6 +80,7 @@ _WIDEN = 1.6  # growth of a grid's range (at the same spacing) around a law with
 # the answer, needs a spacing of at most about 1.6 sds)
 _SITE_NODES = {3: (27, 21), 4: (19, 17)}
 _MAX_SITE_EVALUATIONS = 2e7  # distinct instances x nodes of one pass of it (a refused law costs up to 10 of them)
+_FACE_ROOM = 4.0  # growth of that pass's grid allowed along the faces a long tail crosses
 _DRAW_NODES = {2: 201, 3: 45, 4: 21}  # nodes per axis of the grids joint draws are made on
 _MIN_DRAW_NODES = {2: 61, 3: 25, 4: 15}  # fewer per axis, where many distinct instances make a grid costly: no joint draws
 _MAX_DRAW_EVALUATIONS = 1e8  # distinct instances x nodes of the grids of one law
@@ -762,7 +763,7 @@ class CollapsedLikelihood(OneSite):
         most, least = _SITE_NODES[m]
         nodes = max(least, min(most, int((_MAX_SITE_EVALUATIONS / self._rows.size) ** (1.0 / m))))
         found = self._rotated_grid(cavities, centre, var, nodes, priors, to_inputs,
-                                   max(_MAX_SITE_EVALUATIONS, nodes**m * self._rows.size))
+                                   _FACE_ROOM * max(_MAX_SITE_EVALUATIONS, nodes**m * self._rows.size))
         if found is None:
             return None
         Z, w, spacing, (centre, L) = found
@@ -1197,15 +1198,24 @@ def rotated_grid(log_law, m: int, centre: np.ndarray, var: np.ndarray, nodes: in
     ``frame`` ``(centre, L)`` where given (the law's frame in the last sweep, which a
     converging EP leaves in place: one pass instead of four or five); ``cost`` evaluations
     per node count against ``budget``. Returns ``(Z, w, spacing, (centre, L))`` or None.
+
+    Where more than ``_ROTATED_EDGE`` of the mass lies on the grid's boundary, only the faces
+    that hold it are pushed out (``_WIDEN`` times their reach, at the same spacing), so the
+    product grid (``Z`` a product of uniform axes, not a cube) is longer on the side of a
+    long tail and no longer elsewhere: a zero-inflated count's mixing weight has an
+    exponential tail towards no inflation, 1e-3 of its mass beyond 6.5 sds, and a cube wide
+    enough for it cost 4.5 times the grid in four coordinates.
     """
-    L, half, wide = np.diag(np.sqrt(var)), 8.0, 1.0
+    L, half = np.diag(np.sqrt(var)), 8.0
     if frame is not None:
         (centre, L), half = frame, 6.5
+    reach = np.ones((m, 2))  # each axis's extent below and above the centre, in units of half
     for _ in range(_ROTATED_PASSES):
-        n = int(np.ceil(nodes * wide))
-        n += 1 - n % 2  # odd: a node at the frame's centre
-        z1 = np.linspace(-half * wide, half * wide, n)
-        Z = np.stack(np.meshgrid(*([z1] * m), indexing="ij"), axis=-1).reshape(-1, m)
+        core = (nodes - 1) // 2 + (nodes - 1) % 2  # nodes from the centre to either edge of the cube
+        spacing = half / core
+        counts = np.ceil(core * reach - 1e-9).astype(int)
+        axes = [spacing * np.arange(-lo, hi + 1) for lo, hi in counts]
+        Z = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, m)
         U = centre + Z @ L.T
         logw = log_law(U)
         if logw is None:
@@ -1219,18 +1229,21 @@ def rotated_grid(log_law, m: int, centre: np.ndarray, var: np.ndarray, nodes: in
                 raise np.linalg.LinAlgError
             L_next = np.linalg.cholesky((D * w[:, None]).T @ D)
         except np.linalg.LinAlgError:
-            centre, L, half = U[np.argmax(w)], _ZOOM * L, 8.0
+            centre, L, half, reach = U[np.argmax(w)], _ZOOM * L, 8.0, np.ones((m, 2))
             continue
         shift = linalg.solve_triangular(L_next, mean - centre, lower=True)
         ratio = np.linalg.svd(linalg.solve_triangular(L_next, L, lower=True), compute_uv=False)
         stable = half == 6.5 and np.all(np.abs(shift) <= 0.05) and np.all(np.abs(2.0 * np.log(ratio)) <= 0.1)
         if stable:
-            if w[np.any(np.abs(Z) >= z1[-1] - 1e-9, axis=1)].sum() <= _ROTATED_EDGE:
-                return Z, w, z1[1] - z1[0], (centre, L)
-            # a heavy tail (a truncated regression's scale) reaches past 6.5 sds: a wider
-            # grid at the same spacing, while the evaluations allow
-            wide *= _WIDEN
-            if (nodes * wide) ** m * cost > budget:
+            # the mass on each axis's lower and upper face
+            faces = np.array([[w[Z[:, k] <= a[0] + 1e-9 * spacing].sum(), w[Z[:, k] >= a[-1] - 1e-9 * spacing].sum()]
+                              for k, a in enumerate(axes)])
+            edge = w[np.any(np.isclose(Z, [a[0] for a in axes]) | np.isclose(Z, [a[-1] for a in axes]), axis=1)].sum()
+            if edge <= _ROTATED_EDGE:
+                return Z, w, spacing, (centre, L)
+            # the faces beyond their share of the allowance (one at least, as they hold it all)
+            reach = np.where(faces > _ROTATED_EDGE / (2 * m), reach * _WIDEN, reach)
+            if np.prod(np.ceil(core * reach - 1e-9).sum(axis=1) + 1) * cost > budget:
                 return None
         centre, L, half = mean, L_next, 6.5
     return None

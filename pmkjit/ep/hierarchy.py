@@ -464,9 +464,11 @@ class CollapsedPrior(OneSite):
                     # per axis (a hyper-scale's law in log space has a long exponential tail,
                     # so +-6.5 of its sds put cells of half a unit of log scale across its
                     # bulk, and jitter within them widened the draws by 5%)
-                    z1 = np.linspace(Z.min(), Z.max(), _DRAW_REFINE[k] * (int(round(np.ptp(Z[:, 0]) / spacing)) + 1))
-                    Z = np.stack(np.meshgrid(*([z1] * k), indexing="ij"), axis=-1).reshape(-1, k)
-                    U, spacing = c0 + Z @ L0.T, z1[1] - z1[0]
+                    spacing /= _DRAW_REFINE[k]
+                    axes = [spacing * np.arange(round(Z[:, j].min() / spacing), round(Z[:, j].max() / spacing) + 1)
+                            for j in range(k)]
+                    Z = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, k)
+                    U = c0 + Z @ L0.T
                     logw = log_law(U)
                     if logw is None:
                         return None
