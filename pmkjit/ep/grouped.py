@@ -42,8 +42,8 @@ _HALF = 6.5  # the reach of a grid in the law's own frame, in its sds
 _PASSES = 12
 _MIN_RESOLVED = 20.0  # effective nodes below which a group's grid zooms in on its heaviest node
 _ZOOM = 0.3
-_WIDEN = 1.6  # growth of a group's reach (same nodes: coarser) while its boundary holds mass
-_MAX_WIDEN = 2  # times a reach may grow before the group is refused
+_WIDEN = 1.6  # growth of a face's reach (same spacing) while a law's mass on it is more than its share
+_FACE_ROOM = 4.0  # most nodes the pushed-out grid may have, in first grids
 _EDGE = 1e-5  # most mass a group's grid may leave on its boundary
 # most difference of the grid of every other node from the whole grid's moments: means in
 # sds, log variances (as pmkjit.ep.collapsed._ROTATED_CHECK)
@@ -184,7 +184,7 @@ class GroupedLikelihood(OneSite):
     def _law(self, cavities, marginals) -> tuple | None:
         """Every group's law on its grid (:func:`grouped_grids`), starting from the last
         sweep's frames where there are any, else from EP's marginals."""
-        G, m = self.n_groups, len(cavities)
+        m = len(cavities)
         naturals = [np.asarray(c.natural, dtype=float) for c in cavities]
         families = [type(c) for c in cavities]
 
@@ -278,78 +278,76 @@ def grouped_grids(log_law, centre: np.ndarray, L: np.ndarray, half, nodes: int) 
     ``log_law(U, groups)`` gives the unnormalised log densities of groups ``groups`` at nodes
     ``U`` ``(A, P, m)``. The first grids span +-``half`` of the frames ``centre + L z``
     (``(G, m)``, ``(G, m, m)``); each group's next one is placed in the frame of its last
-    one's mean and covariance until two agree (means within 0.05 sds, variances within 10%)
-    with at most ``_EDGE`` of its mass on the boundary (else its reach grows, as in
-    :func:`pmkjit.ep.collapsed.rotated_grid`, but with the same nodes, so coarser), zooming
-    in on a law that falls between a few nodes. Returns ``(U, w, Z, (centre, L, half))``:
-    every group's nodes ``(G, P, m)`` and normalised weights ``(G, P)``, the unit grid
-    ``Z`` ``(P, m)`` on ``[-1, 1]^m`` and the frames (``half`` per group), checked against
-    the grid of every other node; None where a group's law is not found or not resolved.
+    one's mean and covariance until every group's two agree (means within 0.05 sds,
+    variances within 10%) with at most ``_EDGE`` of its mass on the boundary, zooming in on a
+    law that falls between a few nodes. Where a group's boundary holds more, the faces that
+    hold it are pushed out for all groups at the same spacing, as
+    :func:`pmkjit.ep.collapsed.rotated_grid` does for one law, up to ``_FACE_ROOM`` times the
+    first grid's nodes. Returns ``(U, w, Z, (centre, L, half))``: every group's nodes
+    ``(G, P, m)`` and normalised weights ``(G, P)``, the unit grid ``Z`` ``(P, m)`` (a product
+    of uniform axes, 1 = ``half``) and the frames (``half`` per group), checked against the
+    grid of every other node; None where a law is not found, not held or not resolved.
     """
     G, m = centre.shape
-    z1 = np.linspace(-1.0, 1.0, nodes + 1 - nodes % 2)
-    Z = np.stack(np.meshgrid(*([z1] * m), indexing="ij"), axis=-1).reshape(-1, m)
-    on_edge = np.any(np.abs(Z) >= 1.0 - 1e-9, axis=1)
+    core = nodes // 2  # nodes from the centre to a face of the first grid
     centre, L = centre.astype(float).copy(), L.astype(float).copy()
     half = np.broadcast_to(np.asarray(half, dtype=float), (G,)).copy()
-    wide = np.ones(G)
-    U_done, w_done = np.empty((G, Z.shape[0], m)), np.empty((G, Z.shape[0]))
-    todo = np.ones(G, bool)
+    reach = np.ones((m, 2))  # each axis's extent below and above the centre, in units of half
+    groups = np.arange(G)
     for _ in range(_PASSES):
-        groups = np.flatnonzero(todo)
-        if groups.size == 0:
-            break
-        U = centre[groups, None, :] + np.einsum("pj,akj->apk", Z, L[groups]) * half[groups, None, None]
+        counts = np.ceil(core * reach - 1e-9).astype(int)
+        axes = [np.arange(-lo, hi + 1) / core for lo, hi in counts]
+        Z = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, m)
+        U = centre[:, None, :] + np.einsum("pj,gkj->gpk", Z, L) * half[:, None, None]
         logw = log_law(U, groups)
         top = logw.max(axis=1)
         if not np.all(np.isfinite(top)):
             return None
         w = np.exp(logw - top[:, None])
         w /= w.sum(axis=1, keepdims=True)
-        mean = np.einsum("ap,apk->ak", w, U)
+        mean = np.einsum("gp,gpk->gk", w, U)
         D = U - mean[:, None, :]
-        cov = np.einsum("ap,apk,apl->akl", w, D, D)
-        resolved = 1.0 / np.sum(w**2, axis=1) >= _MIN_RESOLVED
-        ok = resolved & np.all(np.linalg.eigvalsh(cov)[:, :1] > 0, axis=1)
+        cov = np.einsum("gp,gpk,gpl->gkl", w, D, D)
+        ok = (1.0 / np.sum(w**2, axis=1) >= _MIN_RESOLVED) & np.all(np.linalg.eigvalsh(cov)[:, :1] > 0, axis=1)
         L_next = np.broadcast_to(np.eye(m), cov.shape).copy()
         try:
             L_next[ok] = np.linalg.cholesky(cov[ok])
         except np.linalg.LinAlgError:
             return None
-        # zoom in on a law that falls between a few nodes
-        zoom = groups[~ok]
-        centre[zoom] = U[~ok, np.argmax(w[~ok], axis=1)]
+        shift = np.linalg.solve(L_next, (mean - centre)[..., None])[..., 0]
+        ratio = np.linalg.svd(np.linalg.solve(L_next, L), compute_uv=False)
+        stable = ok & (half == _HALF) & np.all(np.abs(shift) <= 0.05, axis=1) & np.all(
+            np.abs(2.0 * np.log(ratio)) <= 0.1, axis=1)
+        # each group's mass on each axis's lower and upper face
+        faces = np.stack([np.stack([w[:, Z[:, k] <= a[0]].sum(axis=1), w[:, Z[:, k] >= a[-1]].sum(axis=1)], axis=1)
+                          for k, a in enumerate(axes)], axis=1)  # (G, m, 2)
+        edge = w[:, np.any((Z <= [a[0] for a in axes]) | (Z >= [a[-1] for a in axes]), axis=1)].sum(axis=1)
+        if np.all(stable & (edge <= _EDGE)):
+            return _checked(U, w, Z, 1.0 / core, (centre, L, half))
+        # the faces some settled group's law crosses beyond its share of the allowance
+        heavy = np.any(stable[:, None, None] & (faces > _EDGE / (2 * m)), axis=0)
+        reach = np.where(heavy, reach * _WIDEN, reach)
+        if np.prod(np.ceil(core * reach - 1e-9).sum(axis=1) + 1) > _FACE_ROOM * nodes**m:
+            return None
+        # zoom in on a law that falls between a few nodes; place the others in their frames
+        zoom = ~ok
+        centre[zoom] = U[zoom, np.argmax(w[zoom], axis=1)]
         L[zoom] *= _ZOOM
         half[zoom] = _FIRST_HALF
-        # the others: does the frame agree with the law's moments?
-        a = np.flatnonzero(ok)
-        g = groups[a]
-        shift = np.linalg.solve(L_next[a], (mean[a] - centre[g])[..., None])[..., 0]
-        ratio = np.linalg.svd(np.linalg.solve(L_next[a], L[g]), compute_uv=False)
-        stable = (np.isclose(half[g], _HALF * wide[g]) & np.all(np.abs(shift) <= 0.05, axis=1)
-                  & np.all(np.abs(2.0 * np.log(ratio)) <= 0.1, axis=1))
-        edge = w[a][:, on_edge].sum(axis=1)
-        done = stable & (edge <= _EDGE)
-        U_done[g[done]], w_done[g[done]] = U[a[done]], w[a[done]]
-        todo[g[done]] = False
-        grow = stable & ~done
-        wide[g[grow]] *= _WIDEN
-        if np.any(wide > _WIDEN**_MAX_WIDEN + 1e-9):
-            return None
-        move = g[~done]
-        centre[move], L[move] = mean[a[~done]], L_next[a[~done]]
-        half[move] = _HALF * wide[move]
-    if todo.any():
-        return None
-    # each group's answer against the grid of every other node
-    coarse = np.all(np.isclose(np.round((Z + 1.0) / (z1[1] - z1[0])) % 2, 0), axis=1)
+        centre[ok], L[ok], half[ok] = mean[ok], L_next[ok], _HALF
+    return None
+
+
+def _checked(U: np.ndarray, w: np.ndarray, Z: np.ndarray, spacing: float, frames: tuple) -> tuple | None:
+    """``(U, w, Z, frames)`` where every group's moments on the grid of every other node
+    (``spacing`` apart in ``Z``) agree with the whole grid's to ``_CHECK``, else None."""
+    coarse = np.all(np.round((Z - Z[0]) / spacing).astype(int) % 2 == 0, axis=1)
     moments = []
     for use in (np.ones(Z.shape[0], bool), coarse):
-        v = w_done[:, use] / w_done[:, use].sum(axis=1, keepdims=True)
-        mu = np.einsum("gp,gpk->gk", v, U_done[:, use])
-        D = U_done[:, use] - mu[:, None, :]
-        moments.append((mu, np.einsum("gp,gpk->gk", v, D**2)))
+        v = w[:, use] / w[:, use].sum(axis=1, keepdims=True)
+        mu = np.einsum("gp,gpk->gk", v, U[:, use])
+        moments.append((mu, np.einsum("gp,gpk->gk", v, (U[:, use] - mu[:, None, :]) ** 2)))
     (mu, var), (mu_h, var_h) = moments
     if not (np.all(np.abs(mu - mu_h) <= _CHECK[0] * np.sqrt(var)) and np.all(np.abs(np.log(var_h / var)) <= _CHECK[1])):
         return None
-    return U_done, w_done, Z, (centre, L, half)
+    return U, w, Z, frames
