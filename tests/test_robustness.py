@@ -2676,6 +2676,30 @@ def test_a_likelihood_correlating_a_regression_with_its_scale_is_warned_about(fo
     assert float(idata.posterior["a"].std()) < 0.9 * sd_a
 
 
+def test_a_2pl_items_discrimination_correlated_with_its_difficulty_is_warned_about():
+    # robustness round 29: a[item] * (theta[person] - b[item]) converged silently with sds of
+    # a and b 0.51-0.94 of NUTS's, least for the items of extreme difficulty (NUTS correlates
+    # log a[item] and b[item] at up to 0.81 there). Here NUTS (2 x 2,000 draws) puts EP's sds
+    # of a at 0.74, 0.92, 0.79 and 0.73 of its own, of b at 0.70-0.87 (correlations 0.61,
+    # -0.21, -0.57, -0.61): three items are below 0.8, the least at an extreme
+    rng = np.random.default_rng(29)
+    n_persons, b_true = 30, np.array([-2.2, -0.3, 0.8, 2.4])
+    Y = rng.binomial(1, 1 / (1 + np.exp(-rng.lognormal(0, 0.3, 4) * (rng.normal(size=n_persons)[:, None] - b_true))))
+    person, item = (a.ravel() for a in np.meshgrid(np.arange(n_persons), np.arange(4), indexing="ij"))
+    with pm.Model() as model:
+        theta = pm.Normal("theta", 0, 1, shape=n_persons)
+        a = pm.LogNormal("a", 0, 0.5, shape=4)
+        b = pm.Normal("b", 0, 2, shape=4)
+        pm.Bernoulli("Y", logit_p=a[item] * (theta[person] - b[item]), observed=Y.ravel())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=200, chains=1, compute_log_likelihood=False)
+    (message,) = [str(w.message) for w in caught if "the likelihood correlates" in str(w.message)]
+    assert message.startswith("Y: the likelihood correlates each a with the coefficients of its predictor (theta, b)")
+    named = re.search(r"sds of (\d) of the 4 elements of a .* \(element (\d)", message)
+    assert named is not None and named.group(1) in ("2", "3") and named.group(2) in ("0", "3")
+
+
 def test_a_dirichlet_multinomial_is_refused_with_its_chain_of_beta_binomials():
     # robustness round 20: refused with "write it elementwise" alone; the hint's chain of
     # BetaBinomials over stick-breaking fractions is checked against PyMC's own

@@ -60,13 +60,27 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
             continue
         values, moves, names, points = [], [], [], []
         varying = None  # (A, position among the two latents) of a regression's linear predictor
+        per_group = None  # the element each instance reads, of an element latent that differs between them
         for i, slot in enumerate(f.inputs):
             if i not in f.latent_inputs:
                 values.append(np.asarray(slot.values, dtype=float))
                 continue
             if isinstance(slot, ElementSlot):
                 if not np.all(slot.index == slot.index[0]):
-                    break
+                    # an element per group (an item's discrimination a[item] in a 2PL model)
+                    # beside a regression's predictor: its curvature, group by group, below
+                    idx = np.asarray(slot.index).reshape(slot.size, -1)
+                    if idx.shape[1] != 1:
+                        break
+                    fam = slot.family
+                    x = fam.from_natural(state.element_natural[slot.variable][idx[:, 0]]).mean()
+                    u = np.asarray(fam.to_unconstrained(np.asarray(x)), dtype=float)
+                    values.append(None)
+                    moves.append(lambda d, _u=u, _fam=fam: _fam.from_unconstrained(_u[None, :] + d[:, None]))
+                    points.append(None)
+                    names.append(slot.variable)
+                    per_group = idx[:, 0]
+                    continue
                 fam = slot.family
                 x = fam.from_natural(state.element_natural[slot.variable][slot.index[0]]).mean()
                 u = float(fam.to_unconstrained(np.asarray(x)))
@@ -96,6 +110,11 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
             if fi in jointly:
                 # EP's marginals are the collapsed law's projections (pmkjit.ep.collapsed), and
                 # its draws the law's own
+                continue
+            if per_group is not None:
+                if varying is not None and len(names) == 2 and fi not in collapsed:
+                    _warn_correlated_per_group(graph, state, fi, f, values, moves, names, varying, per_group, steps, h,
+                                               sd_ratio)
                 continue
             if fi in collapsed and (len(names) > 2 or varying is not None):
                 warnings.warn(
@@ -379,6 +398,79 @@ def _warn_correlated_predictor(graph, f, state, values, moves, names, varying, s
             f"coefficients' too (pm.Gamma(mu=exp(a + b * x), sigma=s): 0.74-0.78 of NUTS's). A "
             "parametrisation with less correlated parameters (a mean and a dispersion: Gamma(alpha=k, "
             "beta=k / mu), NegativeBinomial(mu, alpha)) fits better; or compare with pm.sample",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _warn_correlated_per_group(graph, state, fi, f, values, moves, names, varying, element, steps, h,
+                               sd_ratio) -> None:
+    """Warn where a likelihood correlates an element latent read per group with the Gaussian
+    coordinates that group's instances all read.
+
+    ``pm.Bernoulli(logit_p=a[item] * (theta[person] - b[item]))`` (a 2PL item-response model,
+    robustness round 29) converged silently with sds of ``a`` and ``b`` 0.51-0.94 of NUTS's,
+    the least for the items of extreme difficulty, where NUTS correlates ``log a[item]`` and
+    ``b[item]`` at up to 0.81: each instance's site on ``a[item]`` and on its own predictor
+    ``theta - b`` drops that. Per element ``e``, the likelihood's curvature at EP's posterior
+    means (central differences per instance in the element's unconstrained coordinate ``u``
+    and the predictor ``eta_n``) summed over its instances, in ``u`` and the coordinates ``S``
+    of the Gaussian block that all its instances read (``b[item]``, not each person's
+    ``theta``), with the precision in ``u`` of the element's cavity (its prior, where nothing
+    else reads it) added, gives the squared multiple correlation ``H_uS H_SS^-1 H_Su / H_uu``
+    of ``u`` with them; ``sqrt(1 - that)`` is what an sd that ignores it keeps (an upper
+    bound on the loss: ``S``'s own priors are left out).
+    """
+    A, pos = varying
+    other = 1 - pos
+    try:
+        ll = _log_likelihood_at_steps(f, values, moves, steps)
+    except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
+        return
+    if pos == 0:  # the stencil's first axis moves the first latent: put the element first
+        ll = ll.transpose(1, 0, 2)
+    h_uu = (ll[2, 1] - 2 * ll[1, 1] + ll[0, 1]) / h**2
+    h_ee = (ll[1, 2] - 2 * ll[1, 1] + ll[1, 0]) / h**2
+    h_ue = (ll[2, 2] - ll[2, 0] - ll[0, 2] + ll[0, 0]) / (4 * h**2)
+    elements, group = np.unique(element, return_inverse=True)
+    # each element's cavity: its marginal less this factor's sites on it, as a precision in u
+    slot = f.inputs[f.latent_inputs[other]]
+    site = np.asarray(state.sites[fi][other], dtype=float)
+    summed = np.stack([np.bincount(group, weights=site[:, j], minlength=elements.size) for j in range(2)], axis=1)
+    cavity = slot.family.from_natural(np.asarray(state.element_natural[slot.variable][elements], dtype=float) - summed)
+    with np.errstate(all="ignore"):
+        prec_u = np.where(cavity.is_proper(), 1.0 / np.asarray(cavity.unconstrained_moments()[1], dtype=float), 0.0)
+    prec_u = np.where(np.isfinite(prec_u), prec_u, 0.0)
+    ratios = np.ones(elements.size)
+    for e in range(elements.size):  # per element (an item): a few small solves, not per instance
+        rows = group == e
+        Ae = A[rows]
+        shared = np.flatnonzero(np.all(Ae != 0, axis=0))
+        if shared.size == 0:
+            continue
+        As = Ae[:, shared]
+        H_uu = h_uu[rows].sum() - prec_u[e]
+        H_us = As.T @ h_ue[rows]
+        H_ss = (As * h_ee[rows, None]).T @ As
+        try:
+            c = linalg.cho_factor(-H_ss)
+        except linalg.LinAlgError:
+            continue
+        if not (np.isfinite(H_uu) and H_uu < 0 and np.all(np.isfinite(H_us))):
+            continue
+        r2 = float(H_us @ linalg.cho_solve(c, H_us)) / -H_uu
+        ratios[e] = np.sqrt(max(0.0, 1.0 - min(r2, 1.0)))
+    worst = int(np.argmin(ratios))
+    if ratios[worst] < sd_ratio:
+        coefs = _latent_name(graph, f.inputs[f.latent_inputs[pos]]).replace(" + ", ", ")
+        warnings.warn(
+            f"{f.name}: the likelihood correlates each {names[other]} with the coefficients of its predictor "
+            f"({coefs}) that its observations share (its curvature at EP's posterior means, group by group), "
+            "which EP's separate messages for them leave out: the posterior sds of "
+            f"{int(np.sum(ratios < sd_ratio))} of the {elements.size} elements of {names[other]} may be as low as "
+            f"{'0.1' if ratios[worst] < 0.1 else f'{ratios[worst]:.2f}'} of the exact ones (element "
+            f"{int(elements[worst])}{', or less' if ratios[worst] < 0.1 else ''}), and those coefficients' too "
+            "(a 2PL item model's a[item] * (theta[person] - b[item]): 0.51-0.94 of NUTS's); compare with pm.sample",
             UserWarning,
             stacklevel=4,
         )
