@@ -140,14 +140,11 @@ class GroupedLikelihood(OneSite):
         return out
 
     def _sites(self, marginals, sites):
-        cavities = self._cavities(marginals, sites)
-        if cavities is None:
-            return None
-        found = self._law(cavities, marginals)
+        found = self._law(marginals, sites)
         if found is None:
             return None
         self.n_integrals += 1
-        U, w, _, _ = found
+        cavities, (U, w, _, _) = found
         G, m = self.n_groups, len(cavities)
         stats = np.full((m, G, 3), np.nan)
         mean = np.einsum("gp,gpk->gk", w, U)
@@ -181,9 +178,13 @@ class GroupedLikelihood(OneSite):
         return out
 
     # ------------------------------------------------------------------ the grids
-    def _law(self, cavities, marginals) -> tuple | None:
-        """Every group's law on its grid (:func:`grouped_grids`), starting from the last
-        sweep's frames where there are any, else from EP's marginals."""
+    def _law(self, marginals, sites) -> tuple | None:
+        """``(cavities, grids)``: every group's cavity and its law on its grid
+        (:func:`grouped_grids`), starting from the last sweep's frames where there are any,
+        else from EP's marginals; None where a cavity is improper or a law is not held."""
+        cavities = self._cavities(marginals, sites)
+        if cavities is None:
+            return None
         m = len(cavities)
         naturals = [np.asarray(c.natural, dtype=float) for c in cavities]
         families = [type(c) for c in cavities]
@@ -201,9 +202,8 @@ class GroupedLikelihood(OneSite):
             found = grouped_grids(log_law, centre, L, _FIRST_HALF, _NODES[m])
         if found is None:
             return None
-        U, w, Z, frames = found
-        self._frames = frames
-        return U, w, Z, frames
+        self._frames = found[3]
+        return cavities, found
 
     def _log_law(self, families, naturals, U: np.ndarray, groups: np.ndarray) -> np.ndarray:
         """The unnormalised log law of groups ``groups`` at their nodes ``U`` ``(A, P, m)``:
@@ -252,13 +252,10 @@ class GroupedLikelihood(OneSite):
         then None for the outputs it has not), or None: a node picked by weight, jittered
         uniformly within its cell. ``priors`` is not used (each group's cavity has its
         elements' priors as EP's sites)."""
-        cavities = self._cavities(marginals, sites)
-        if cavities is None:
-            return None
-        found = self._law(cavities, marginals)
+        found = self._law(marginals, sites)
         if found is None:
             return None
-        U, w, Z, (centre, L, half) = found
+        cavities, (U, w, Z, (centre, L, half)) = found
         G, P, m = U.shape
         spacing = half * (Z[1, -1] - Z[0, -1])  # (G,): the unit grid's spacing times each reach
         out = np.empty((m, n, G))
