@@ -328,14 +328,14 @@ def fit(
         # factors fitted as one site (likelihoods and hierarchical priors) are drawn from their law
         one_site = {fi: m for fi, m in enumerate(methods)
                     if isinstance(m, (CollapsedLikelihood, CollapsedPrior, GroupedLikelihood)) and m.current}
-        collapsed = {fi: m for fi, m in one_site.items() if isinstance(m, CollapsedLikelihood)}
+        # likelihoods fitted as one site, whole or per group (their marginals are their laws' projections)
+        whole = [fi for fi, m in one_site.items() if isinstance(m, (CollapsedLikelihood, GroupedLikelihood))]
         t0 = time.perf_counter()
         with default_initial_values(original):
             idata, given, jointly = assemble_inference_data(model, graph, state, draws, chains, rng,
                                                             compute_log_likelihood, one_site)
         timings["draws"] = time.perf_counter() - t0
-        warn_correlated_pairs(graph, state, collapsed=frozenset(collapsed), jointly=frozenset(jointly))
-        whole = [fi for fi, m in one_site.items() if isinstance(m, (CollapsedLikelihood, GroupedLikelihood))]
+        warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly))
         warn_latent_degrees_of_freedom(model, whole=frozenset(graph.factors[fi].name for fi in whole))
         # (its own generator: drawing from rng would change every fit's posterior draws)
         warn_correlated_hyperparameters(graph, state, np.random.default_rng(0), jointly=frozenset(jointly))

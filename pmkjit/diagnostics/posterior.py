@@ -112,7 +112,18 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                 # its draws the law's own
                 continue
             if per_group is not None:
-                if varying is not None and len(names) == 2 and fi not in collapsed:
+                if fi in collapsed and varying is None:
+                    # one site per group (pmkjit.ep.grouped) whose groups' draws could not be
+                    # made from their laws (their elements drawn by another factor's law)
+                    warnings.warn(
+                        f"{f.name}: EP's marginals of {', '.join(names)} are the projections of each group's joint "
+                        "law under this likelihood onto their families, but its posterior draws of them are "
+                        "independent (another factor's law drew some of them), so a function of several of them "
+                        "(a group's mean, a ratio) may have the wrong spread; compare with pm.sample",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+                elif varying is not None and len(names) == 2 and fi not in collapsed:
                     _warn_correlated_per_group(graph, state, fi, f, values, moves, names, varying, per_group, steps, h,
                                                sd_ratio)
                 continue
@@ -416,10 +427,11 @@ def _warn_correlated_per_group(graph, state, fi, f, values, moves, names, varyin
     means (central differences per instance in the element's unconstrained coordinate ``u``
     and the predictor ``eta_n``) summed over its instances, in ``u`` and the coordinates ``S``
     of the Gaussian block that all its instances read (``b[item]``, not each person's
-    ``theta``), with the precision in ``u`` of the element's cavity (its prior, where nothing
-    else reads it) added, gives the squared multiple correlation ``H_uS H_SS^-1 H_Su / H_uu``
-    of ``u`` with them; ``sqrt(1 - that)`` is what an sd that ignores it keeps (an upper
-    bound on the loss: ``S``'s own priors are left out).
+    ``theta``), with the precision of the element's cavity in ``u`` (its prior, where nothing
+    else reads it) and of ``S``'s exact Gaussian prior added (a coefficient its prior pins down
+    is not counted as free), gives the squared multiple correlation ``H_uS H_SS^-1 H_Su /
+    H_uu`` of ``u`` with them; ``sqrt(1 - that)`` is what an sd that ignores it keeps (a bound:
+    ``S``'s information from other factors is left out).
     """
     A, pos = varying
     other = 1 - pos
@@ -451,7 +463,15 @@ def _warn_correlated_per_group(graph, state, fi, f, values, moves, names, varyin
         As = Ae[:, shared]
         H_uu = h_uu[rows].sum() - prec_u[e]
         H_us = As.T @ h_ue[rows]
-        H_ss = (As * h_ee[rows, None]).T @ As
+        # S's own prior: the exact Gaussian factors' precision of those coordinates (given the
+        # others). Not EP's cavity: a 2PL item's b[item] is read only with each person's theta,
+        # so its marginal precision less its sites' is not positive, and where the element's
+        # loss is real EP's marginal of S is as much too narrow as the element's
+        prec_s = np.zeros((shared.size, shared.size))
+        for t in graph.gaussian_terms:
+            Rs = np.asarray(t.R, dtype=float)[:, shared]
+            prec_s += Rs.T @ (Rs * np.asarray(t.precision, dtype=float)[:, None])
+        H_ss = (As * h_ee[rows, None]).T @ As - prec_s
         try:
             c = linalg.cho_factor(-H_ss)
         except linalg.LinAlgError:

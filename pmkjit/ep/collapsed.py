@@ -1101,14 +1101,19 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
     done: set[int] = set()
     taken: set[tuple[str, int]] = set()
     n = len(next(iter(elements.values()))) if elements else (0 if theta is None else theta.shape[0])
-    for fi, method in methods.items():
+    # likelihoods first: a hierarchical prior over elements a likelihood draws jointly (per-group
+    # shapes under a hyper-rate) then draws its hyperparameters given them; the other way
+    # round the likelihood found its elements taken and left its pairs independent (the
+    # shape-rate correlations -0.11 to 0.05 where NUTS has 0.89-0.95)
+    for fi, method in sorted(methods.items(), key=lambda item: graph.factors[item[0]].kind != "likelihood"):
         f = graph.factors[fi]
         marg = _marginals(graph, None, state, f)
         marginals = [marg[i] for i in f.targets]
         if hasattr(method, "element_places"):
             # a hierarchical prior (pmkjit.ep.hierarchy): its element hyperparameters with its
             # outputs from its law, or given the outputs' draws where those are made elsewhere
-            # (a scale the real latents are drawn given, pmkjit.ep.conditional)
+            # (a scale the real latents are drawn given, pmkjit.ep.conditional, or a likelihood
+            # drawn above); a per-group likelihood (pmkjit.ep.grouped): its groups' elements
             found = method.element_places()
             if found is None or any(name in fixed for name, _ in found[:-1]):
                 continue

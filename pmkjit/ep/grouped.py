@@ -32,7 +32,7 @@ from pmkjit.families import ExponentialFamily
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot
 from pmkjit.operators.oracle import project_beliefs
 
-from .collapsed import OneSite
+from .collapsed import _FACE_ROOM, _MIN_RESOLVED_NODES, _ROTATED_CHECK, _ROTATED_EDGE, _WIDEN, _ZOOM, OneSite
 
 __all__ = ["GroupedLikelihood", "groupable"]
 
@@ -40,14 +40,9 @@ _NODES = {2: 41, 3: 21}  # nodes per axis: spacing 0.33 of the law's sds in 2-D,
 _FIRST_HALF = 8.0  # the first grid's reach, in sds of EP's marginals
 _HALF = 6.5  # the reach of a grid in the law's own frame, in its sds
 _PASSES = 12
-_MIN_RESOLVED = 20.0  # effective nodes below which a group's grid zooms in on its heaviest node
-_ZOOM = 0.3
-_WIDEN = 1.6  # growth of a face's reach (same spacing) while a law's mass on it is more than its share
-_FACE_ROOM = 4.0  # most nodes the pushed-out grid may have, in first grids
-_EDGE = 1e-5  # most mass a group's grid may leave on its boundary
-# most difference of the grid of every other node from the whole grid's moments: means in
-# sds, log variances (as pmkjit.ep.collapsed._ROTATED_CHECK)
-_CHECK = (0.1, 0.2)
+# zooming, pushing faces out, the boundary's allowance and the check against the grid of
+# every other node are those of pmkjit.ep.collapsed.rotated_grid (_ZOOM, _WIDEN,
+# _FACE_ROOM, _ROTATED_EDGE, _MIN_RESOLVED_NODES, _ROTATED_CHECK)
 _MAX_EVALUATIONS = 2e7  # distinct instances x nodes of one pass (beyond, instance by instance)
 _CHUNK = 4e6  # densities evaluated at once
 
@@ -189,12 +184,13 @@ class GroupedLikelihood(OneSite):
         naturals = [np.asarray(c.natural, dtype=float) for c in cavities]
         families = [type(c) for c in cavities]
 
-        def log_law(U, groups):
-            return self._log_law(families, naturals, U, groups)
+        def log_law(U):
+            return self._log_law(families, naturals, U)
 
         found = None
         if self._frames is not None:
-            found = grouped_grids(log_law, *self._frames[:2], _HALF, _NODES[m])
+            centre, L, _, reach = self._frames
+            found = grouped_grids(log_law, centre, L, _HALF, _NODES[m], reach)
         if found is None:
             mom = np.array([np.asarray(mg[self._first].unconstrained_moments(), dtype=float) for mg in marginals])
             centre, sd = mom[:, 0].T, np.sqrt(mom[:, 1].T)  # (G, m)
@@ -205,25 +201,22 @@ class GroupedLikelihood(OneSite):
         self._frames = found[3]
         return cavities, found
 
-    def _log_law(self, families, naturals, U: np.ndarray, groups: np.ndarray) -> np.ndarray:
-        """The unnormalised log law of groups ``groups`` at their nodes ``U`` ``(A, P, m)``:
-        each latent's cavity in its unconstrained coordinate plus the group's observations'
-        summed log densities; ``-inf`` where it cannot be evaluated."""
+    def _log_law(self, families, naturals, U: np.ndarray) -> np.ndarray:
+        """The unnormalised log law of every group at its nodes ``U`` ``(G, P, m)``: each
+        latent's cavity in its unconstrained coordinate plus the group's observations' summed
+        log densities; ``-inf`` where it cannot be evaluated."""
         f = self.factor
-        A, P, m = U.shape
+        G, P, m = U.shape
         with np.errstate(all="ignore"):
-            logw = np.zeros((A, P))
+            logw = np.zeros((G, P))
             for k, (fam, nat) in enumerate(zip(families, naturals)):
                 T = fam.sufficient_statistics_unconstrained(U[:, :, k])
-                logw += np.einsum("apj,aj->ap", T, nat[groups]) + fam.log_abs_det_jacobian(U[:, :, k])
+                logw += np.einsum("gpj,gj->gp", T, nat) + fam.log_abs_det_jacobian(U[:, :, k])
             X = np.stack([fam.from_unconstrained(U[:, :, k]) for k, fam in enumerate(families)], axis=-1)
-            where = np.full(self.n_groups, -1)
-            where[groups] = np.arange(A)
-            rows = np.flatnonzero(where[self._row_group] >= 0)
             step = max(1, int(_CHUNK // P))
-            for lo in range(0, rows.size, step):
-                r = rows[lo:lo + step]
-                g = where[self._row_group[r]]
+            for lo in range(0, self._rows.size, step):
+                r = np.arange(lo, min(lo + step, self._rows.size))
+                g = self._row_group[r]
                 ins = []
                 for i in range(len(f.inputs)):
                     if i in self._data:
@@ -255,7 +248,7 @@ class GroupedLikelihood(OneSite):
         found = self._law(marginals, sites)
         if found is None:
             return None
-        cavities, (U, w, Z, (centre, L, half)) = found
+        cavities, (U, w, Z, (centre, L, half, _)) = found
         G, P, m = U.shape
         spacing = half * (Z[1, -1] - Z[0, -1])  # (G,): the unit grid's spacing times each reach
         out = np.empty((m, n, G))
@@ -268,19 +261,21 @@ class GroupedLikelihood(OneSite):
         return list(out) + [None]
 
 
-def grouped_grids(log_law, centre: np.ndarray, L: np.ndarray, half, nodes: int) -> tuple | None:
+def grouped_grids(log_law, centre: np.ndarray, L: np.ndarray, half, nodes: int,
+                  reach: np.ndarray | None = None) -> tuple | None:
     """Each of ``G`` laws of ``m`` coordinates on a uniform grid of ``nodes`` per axis over
     +-``_HALF`` of its sds in its own (rotated) frame, all groups vectorised.
 
-    ``log_law(U, groups)`` gives the unnormalised log densities of groups ``groups`` at nodes
-    ``U`` ``(A, P, m)``. The first grids span +-``half`` of the frames ``centre + L z``
+    ``log_law(U)`` gives the unnormalised log densities of every group at its nodes ``U``
+    ``(G, P, m)``. The first grids span +-``half`` of the frames ``centre + L z``
     (``(G, m)``, ``(G, m, m)``); each group's next one is placed in the frame of its last
     one's mean and covariance until every group's two agree (means within 0.05 sds,
-    variances within 10%) with at most ``_EDGE`` of its mass on the boundary, zooming in on a
+    variances within 10%) with at most ``_ROTATED_EDGE`` of its mass on the boundary, zooming in on a
     law that falls between a few nodes. Where a group's boundary holds more, the faces that
     hold it are pushed out for all groups at the same spacing, as
     :func:`pmkjit.ep.collapsed.rotated_grid` does for one law, up to ``_FACE_ROOM`` times the
-    first grid's nodes. Returns ``(U, w, Z, (centre, L, half))``: every group's nodes
+    first grid's nodes (``reach``: the faces' extents to start from, in units of ``half``, as
+    the last sweep left them). Returns ``(U, w, Z, (centre, L, half, reach))``: every group's nodes
     ``(G, P, m)`` and normalised weights ``(G, P)``, the unit grid ``Z`` ``(P, m)`` (a product
     of uniform axes, 1 = ``half``) and the frames (``half`` per group), checked against the
     grid of every other node; None where a law is not found, not held or not resolved.
@@ -289,14 +284,14 @@ def grouped_grids(log_law, centre: np.ndarray, L: np.ndarray, half, nodes: int) 
     core = nodes // 2  # nodes from the centre to a face of the first grid
     centre, L = centre.astype(float).copy(), L.astype(float).copy()
     half = np.broadcast_to(np.asarray(half, dtype=float), (G,)).copy()
-    reach = np.ones((m, 2))  # each axis's extent below and above the centre, in units of half
-    groups = np.arange(G)
+    # each axis's extent below and above the centre, in units of half
+    reach = np.ones((m, 2)) if reach is None else np.asarray(reach, dtype=float).copy()
     for _ in range(_PASSES):
         counts = np.ceil(core * reach - 1e-9).astype(int)
         axes = [np.arange(-lo, hi + 1) / core for lo, hi in counts]
         Z = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, m)
         U = centre[:, None, :] + np.einsum("pj,gkj->gpk", Z, L) * half[:, None, None]
-        logw = log_law(U, groups)
+        logw = log_law(U)
         top = logw.max(axis=1)
         if not np.all(np.isfinite(top)):
             return None
@@ -305,7 +300,7 @@ def grouped_grids(log_law, centre: np.ndarray, L: np.ndarray, half, nodes: int) 
         mean = np.einsum("gp,gpk->gk", w, U)
         D = U - mean[:, None, :]
         cov = np.einsum("gp,gpk,gpl->gkl", w, D, D)
-        ok = (1.0 / np.sum(w**2, axis=1) >= _MIN_RESOLVED) & np.all(np.linalg.eigvalsh(cov)[:, :1] > 0, axis=1)
+        ok = (1.0 / np.sum(w**2, axis=1) >= _MIN_RESOLVED_NODES) & np.all(np.linalg.eigvalsh(cov)[:, :1] > 0, axis=1)
         L_next = np.broadcast_to(np.eye(m), cov.shape).copy()
         try:
             L_next[ok] = np.linalg.cholesky(cov[ok])
@@ -319,10 +314,10 @@ def grouped_grids(log_law, centre: np.ndarray, L: np.ndarray, half, nodes: int) 
         faces = np.stack([np.stack([w[:, Z[:, k] <= a[0]].sum(axis=1), w[:, Z[:, k] >= a[-1]].sum(axis=1)], axis=1)
                           for k, a in enumerate(axes)], axis=1)  # (G, m, 2)
         edge = w[:, np.any((Z <= [a[0] for a in axes]) | (Z >= [a[-1] for a in axes]), axis=1)].sum(axis=1)
-        if np.all(stable & (edge <= _EDGE)):
-            return _checked(U, w, Z, 1.0 / core, (centre, L, half))
+        if np.all(stable & (edge <= _ROTATED_EDGE)):
+            return _checked(U, w, Z, 1.0 / core, (centre, L, half, reach))
         # the faces some settled group's law crosses beyond its share of the allowance
-        heavy = np.any(stable[:, None, None] & (faces > _EDGE / (2 * m)), axis=0)
+        heavy = np.any(stable[:, None, None] & (faces > _ROTATED_EDGE / (2 * m)), axis=0)
         reach = np.where(heavy, reach * _WIDEN, reach)
         if np.prod(np.ceil(core * reach - 1e-9).sum(axis=1) + 1) > _FACE_ROOM * nodes**m:
             return None
@@ -337,7 +332,7 @@ def grouped_grids(log_law, centre: np.ndarray, L: np.ndarray, half, nodes: int) 
 
 def _checked(U: np.ndarray, w: np.ndarray, Z: np.ndarray, spacing: float, frames: tuple) -> tuple | None:
     """``(U, w, Z, frames)`` where every group's moments on the grid of every other node
-    (``spacing`` apart in ``Z``) agree with the whole grid's to ``_CHECK``, else None."""
+    (``spacing`` apart in ``Z``) agree with the whole grid's to ``_ROTATED_CHECK``, else None."""
     coarse = np.all(np.round((Z - Z[0]) / spacing).astype(int) % 2 == 0, axis=1)
     moments = []
     for use in (np.ones(Z.shape[0], bool), coarse):
@@ -345,6 +340,6 @@ def _checked(U: np.ndarray, w: np.ndarray, Z: np.ndarray, spacing: float, frames
         mu = np.einsum("gp,gpk->gk", v, U[:, use])
         moments.append((mu, np.einsum("gp,gpk->gk", v, (U[:, use] - mu[:, None, :]) ** 2)))
     (mu, var), (mu_h, var_h) = moments
-    if not (np.all(np.abs(mu - mu_h) <= _CHECK[0] * np.sqrt(var)) and np.all(np.abs(np.log(var_h / var)) <= _CHECK[1])):
+    if not (np.all(np.abs(mu - mu_h) <= _ROTATED_CHECK[0] * np.sqrt(var)) and np.all(np.abs(np.log(var_h / var)) <= _ROTATED_CHECK[1])):
         return None
     return U, w, Z, frames
