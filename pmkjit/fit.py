@@ -336,7 +336,10 @@ def fit(
                                                             compute_log_likelihood, one_site)
         timings["draws"] = time.perf_counter() - t0
         warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly))
-        warn_latent_degrees_of_freedom(model, whole=frozenset(graph.factors[fi].name for fi in whole))
+        # a grouped Student-t's nu is drawn from its groups' laws only where they could be drawn
+        # (else from EP's Gamma, short of the law's right tail: 0.74 of NUTS's sd)
+        warn_latent_degrees_of_freedom(model, whole=frozenset(
+            graph.factors[fi].name for fi in whole if not isinstance(one_site[fi], GroupedLikelihood) or fi in jointly))
         # (its own generator: drawing from rng would change every fit's posterior draws)
         warn_correlated_hyperparameters(graph, state, np.random.default_rng(0), jointly=frozenset(jointly))
         warn_overlapping_components(graph, state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pymc as pm
+import pytest
 from scipy import special, stats
 
 import pmkjit
@@ -43,13 +44,15 @@ def test_which_likelihoods_are_grouped():
         pm.Gamma("crossed", alpha=a[g], beta=b[h], observed=y)  # b[h] is read by three groups
         pm.Gamma("shared", alpha=a[0], beta=b[1], observed=y)  # one group: pmkjit.ep.collapsed's
         pm.Gamma("by_another_index", alpha=a[h], beta=b[h], observed=y)
-        pm.Gamma("on_the_block", alpha=a[g], beta=pm.math.exp(mu[g]), observed=y)  # a Gaussian projection
+        pm.Gamma("on_the_block", alpha=a[g], beta=pm.math.exp(mu[g]), observed=y)  # a group's Gaussian coordinate
+        pm.Gamma("across_groups", alpha=a[g], beta=pm.math.exp(mu[g] + h), observed=y)  # + data: a row per instance
     assert groupable(_factor(model, "per_group"))
     assert groupable(_factor(model, "one_element_pair"))
     assert groupable(_factor(model, "by_another_index"))
     assert not groupable(_factor(model, "crossed"))
     assert not groupable(_factor(model, "shared"))
-    assert not groupable(_factor(model, "on_the_block"))
+    assert groupable(_factor(model, "on_the_block"))
+    assert not groupable(_factor(model, "across_groups"))
 
 
 def test_per_group_gamma_parameters_match_the_exact_posteriors():
@@ -135,3 +138,34 @@ def test_per_group_pairs_under_a_hierarchical_prior_are_drawn_jointly():
     nuts = [0.91, 0.91, 0.91, 0.95]
     assert all(abs(np.corrcoef(shape[:, j], rate[:, j])[0, 1] - nuts[j]) < 0.04 for j in range(4))
     assert np.corrcoef(idata.posterior["bh"].values.ravel(), shape.mean(axis=1))[0, 1] < -0.4
+
+
+def test_a_groups_gaussian_location_matches_the_exact_posteriors_and_its_draws_are_flagged():
+    # A Normal-prior location mu[g] is a coordinate of the Gaussian block, not an element: its
+    # group's law is integrated the same way; its draws are made with the Gaussian block, so
+    # the pairs' independence in them is warned about.
+    rng = np.random.default_rng(12)
+    g = np.repeat(np.arange(3), [10, 25, 40])
+    mu_true, sd_true = np.exp(np.array([0.5, 1.0, 0.2])), np.array([0.8, 1.5, 0.3])
+    y = rng.gamma(((mu_true / sd_true) ** 2)[g], (sd_true**2 / mu_true)[g])
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 2, shape=3)
+        s = pm.HalfNormal("s", 2, shape=3)
+        pm.Gamma("y", mu=pm.math.exp(a[g]), sigma=s[g], observed=y)
+    with pytest.warns(UserWarning, match=r"^y: EP's marginals of .* are the projections of each group's joint law"):
+        idata = pmkjit.fit(model=model, random_seed=4, progressbar=False, draws=200, compute_log_likelihood=False)
+    assert "y: one site per group" in idata.ep.attrs["factor_methods"]
+    q = pmkjit.ep_posterior(idata)
+    a_grid = np.linspace(-3.0, 4.0, 700)[:, None]
+    s_grid = np.linspace(0.005, 6.0, 700)[None, :]
+    for j in range(3):
+        yj = y[g == j]
+        mu = np.exp(a_grid)
+        shape, rate = (mu / s_grid) ** 2, mu / s_grid**2
+        logp = stats.norm.logpdf(a_grid, 0, 2) + stats.halfnorm.logpdf(s_grid, scale=2) + (
+            yj.size * (shape * np.log(rate) - special.gammaln(shape)) + (shape - 1) * np.log(yj).sum() - rate * yj.sum())
+        mean, sd, _ = _exact(logp, a_grid + 0 * s_grid, s_grid + 0 * a_grid)
+        # a's Gaussian marginal is the law's mean and variance exactly; s's Gamma has its E[s]
+        assert abs(q["a"].mean()[j] - mean[0]) < 0.02 * sd[0], j
+        assert abs(np.sqrt(q["a"].var()[j]) / sd[0] - 1) < 0.02, j
+        assert abs(q["s"].mean()[j] - mean[1]) < 0.02 * sd[1], j

@@ -112,13 +112,14 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                 # its draws the law's own
                 continue
             if per_group is not None:
-                if fi in collapsed and varying is None:
+                if fi in collapsed:
                     # one site per group (pmkjit.ep.grouped) whose groups' draws could not be
-                    # made from their laws (their elements drawn by another factor's law)
+                    # made from their laws (a group's Gaussian coordinate, drawn with the
+                    # Gaussian block; elements another factor's law drew)
                     warnings.warn(
                         f"{f.name}: EP's marginals of {', '.join(names)} are the projections of each group's joint "
                         "law under this likelihood onto their families, but its posterior draws of them are "
-                        "independent (another factor's law drew some of them), so a function of several of them "
+                        "independent (they could not be drawn from those laws), so a function of several of them "
                         "(a group's mean, a ratio) may have the wrong spread; compare with pm.sample",
                         UserWarning,
                         stacklevel=3,

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pmkjit.families import ExponentialFamily
-from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot
+from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, LinearSlot
 from pmkjit.operators.oracle import project_beliefs
 
 from .collapsed import _FACE_ROOM, _MIN_RESOLVED_NODES, _ROTATED_CHECK, _ROTATED_EDGE, _WIDEN, _ZOOM, OneSite
@@ -48,9 +48,10 @@ _CHUNK = 4e6  # densities evaluated at once
 
 
 def groupable(f: BlackBoxFactor) -> bool:
-    """Whether likelihood ``f`` reads two or three scalar latents, each an element that is
-    the same for all instances of a group and different between groups, with two groups at
-    least and fewer groups than instances (see the module docstring)."""
+    """Whether likelihood ``f`` reads two or three scalar latents, each an element (or one
+    projection of the Gaussian block) that is the same for all instances of a group and
+    different between groups, with two groups at least and fewer groups than instances (see
+    the module docstring)."""
     return _groups(f) is not None
 
 
@@ -63,13 +64,25 @@ def _groups(f: BlackBoxFactor) -> tuple[np.ndarray, np.ndarray] | None:
     if not 2 <= len(latent) <= 3:
         return None
     slots = [f.inputs[i] for i in latent]
-    if not all(isinstance(s, ElementSlot) for s in slots):
-        return None
-    idx = [np.asarray(s.index).reshape(s.size, -1) for s in slots]
-    if any(i.shape[1] != 1 for i in idx):
-        return None
+    idx = []  # per slot, what each instance reads: an element, or its row of a Gaussian projection
+    for slot in slots:
+        if isinstance(slot, ElementSlot):
+            i = np.asarray(slot.index).reshape(slot.size, -1)
+            if i.shape[1] != 1:
+                return None
+            idx.append(i)
+        elif isinstance(slot, LinearSlot):
+            # a group's own coordinate of the Gaussian block (a Normal location mu[g]): one
+            # projection per group, read alike by its instances
+            A = np.asarray(slot.A, dtype=float).reshape(slot.size, -1)
+            if not np.all(np.any(A != 0, axis=1)):
+                return None
+            c = np.broadcast_to(np.asarray(slot.c, dtype=float), (slot.size,))
+            idx.append(np.unique(np.column_stack([A, c]), axis=0, return_inverse=True)[1].reshape(-1, 1))
+        else:
+            return None
     # no element read by two slots (``ab[g, 0]`` and ``ab[g, 1]`` are two elements of one variable)
-    read = [(s.variable, int(j)) for s, i in zip(slots, idx) for j in np.unique(i)]
+    read = [(s.variable, int(j)) for s, i in zip(slots, idx) if isinstance(s, ElementSlot) for j in np.unique(i)]
     if len(set(read)) < len(read):
         return None
     keys = np.concatenate(idx, axis=1)
@@ -233,8 +246,12 @@ class GroupedLikelihood(OneSite):
     # ------------------------------------------------------------------ draws
     def element_places(self) -> list | None:
         """Where each latent's groups live: ``[(variable, indices (G,)), ..., None]`` (no
-        outputs; see :func:`pmkjit.ep.collapsed.draw_jointly`)."""
+        outputs; see :func:`pmkjit.ep.collapsed.draw_jointly`); None where a latent is a
+        Gaussian projection, drawn with the Gaussian block (the pairs' draws are then
+        independent, and :func:`pmkjit.diagnostics.posterior.warn_correlated_pairs` says so)."""
         f = self.factor
+        if not all(isinstance(f.inputs[i], ElementSlot) for i in f.latent_inputs):
+            return None
         places = [(f.inputs[i].variable, np.asarray(f.inputs[i].index).reshape(f.size, -1)[self._first, 0])
                   for i in f.latent_inputs]
         return places + [None]
