@@ -13,10 +13,10 @@ two parameters, and each instance sees none of the others' information: on that 
 the sds came out 0.30-0.53 of NUTS's, on a per-group ``pm.BetaBinomial(alpha=a[g],
 beta=b[g])`` 0.33-0.61, converged and unwarned (robustness round 29).
 
-Here the instances are partitioned by the elements they read, and each group is one
-site: its tilted law, the group's cavity (EP's marginals of its elements less the group's
-sites on them) times the product of its observations' densities, is a law of two or three
-scalars, integrated on a uniform grid in its own rotated frame, all groups at once
+Here the instances are partitioned by the elements they read (or by a Gaussian coordinate
+of their own, a Normal location ``mu[g]``), and each group is one site: its tilted law, the
+group's cavity (EP's marginals of its elements less the group's sites on them) times the
+product of its observations' densities, is a law of two or three scalars, integrated on a uniform grid in its own rotated frame, all groups at once
 (:func:`grouped_grids`); its projection less the cavity is the group's site, shared
 equally by its instances. Within a group this is the collapsed method exactly; across
 groups it is EP with one factor per group.
@@ -172,8 +172,8 @@ class GroupedLikelihood(OneSite):
         return out
 
     def _cavities(self, marginals, sites) -> list[ExponentialFamily] | None:
-        """Each group's cavity per latent (a batch of ``G``): the marginal of its element less
-        the group's summed sites; None where one is improper."""
+        """Each group's cavity per latent (a batch of ``G``): the marginal of its element (or
+        of its Gaussian coordinate) less the group's summed sites; None where one is improper."""
         out = []
         for m, site in zip(marginals, sites):
             site = np.asarray(site, dtype=float)
