@@ -450,9 +450,14 @@ def _warn_correlated_per_group(graph, state, fi, f, values, moves, names, varyin
     slot = f.inputs[f.latent_inputs[other]]
     site = np.asarray(state.sites[fi][other], dtype=float)
     summed = np.stack([np.bincount(group, weights=site[:, j], minlength=elements.size) for j in range(2)], axis=1)
-    cavity = slot.family.from_natural(np.asarray(state.element_natural[slot.variable][elements], dtype=float) - summed)
-    with np.errstate(all="ignore"):
-        prec_u = np.where(cavity.is_proper(), 1.0 / np.asarray(cavity.unconstrained_moments()[1], dtype=float), 0.0)
+    try:
+        cavity = slot.family.from_natural(np.asarray(state.element_natural[slot.variable][elements], dtype=float)
+                                          - summed)
+        with np.errstate(all="ignore"):
+            prec_u = np.where(cavity.is_proper(), 1.0 / np.asarray(cavity.unconstrained_moments()[1], dtype=float),
+                              0.0)
+    except Exception:  # noqa: BLE001 - a cavity its family cannot describe: count no prior (a bound still)
+        prec_u = np.zeros(elements.size)
     prec_u = np.where(np.isfinite(prec_u), prec_u, 0.0)
     ratios = np.ones(elements.size)
     for e in range(elements.size):  # per element (an item): a few small solves, not per instance
