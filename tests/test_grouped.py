@@ -6,9 +6,10 @@ likelihood and independent priors, so each group's posterior is its own 2-D law)
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pymc as pm
-import pytest
 from scipy import special, stats
 
 import pmkjit
@@ -140,10 +141,10 @@ def test_per_group_pairs_under_a_hierarchical_prior_are_drawn_jointly():
     assert np.corrcoef(idata.posterior["bh"].values.ravel(), shape.mean(axis=1))[0, 1] < -0.4
 
 
-def test_a_groups_gaussian_location_matches_the_exact_posteriors_and_its_draws_are_flagged():
+def test_a_groups_gaussian_location_matches_the_exact_posteriors_and_is_drawn_with_its_scale():
     # A Normal-prior location mu[g] is a coordinate of the Gaussian block, not an element: its
-    # group's law is integrated the same way; its draws are made with the Gaussian block, so
-    # the pairs' independence in them is warned about.
+    # group's law is integrated the same way, and its draws replace the block's coordinate
+    # (EP's posterior leaves it uncorrelated with every other one).
     rng = np.random.default_rng(12)
     g = np.repeat(np.arange(3), [10, 25, 40])
     mu_true, sd_true = np.exp(np.array([0.5, 1.0, 0.2])), np.array([0.8, 1.5, 0.3])
@@ -152,9 +153,11 @@ def test_a_groups_gaussian_location_matches_the_exact_posteriors_and_its_draws_a
         a = pm.Normal("a", 0, 2, shape=3)
         s = pm.HalfNormal("s", 2, shape=3)
         pm.Gamma("y", mu=pm.math.exp(a[g]), sigma=s[g], observed=y)
-    with pytest.warns(UserWarning, match=r"^y: EP's marginals of .* are the projections of each group's joint law"):
-        idata = pmkjit.fit(model=model, random_seed=4, progressbar=False, draws=200, compute_log_likelihood=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        idata = pmkjit.fit(model=model, random_seed=4, progressbar=False, draws=2000, compute_log_likelihood=False)
     assert "y: one site per group" in idata.ep.attrs["factor_methods"]
+    assert not [w for w in caught if "EP's marginals of" in str(w.message)]
     q = pmkjit.ep_posterior(idata)
     a_grid = np.linspace(-3.0, 4.0, 700)[:, None]
     s_grid = np.linspace(0.005, 6.0, 700)[None, :]
@@ -164,8 +167,13 @@ def test_a_groups_gaussian_location_matches_the_exact_posteriors_and_its_draws_a
         shape, rate = (mu / s_grid) ** 2, mu / s_grid**2
         logp = stats.norm.logpdf(a_grid, 0, 2) + stats.halfnorm.logpdf(s_grid, scale=2) + (
             yj.size * (shape * np.log(rate) - special.gammaln(shape)) + (shape - 1) * np.log(yj).sum() - rate * yj.sum())
-        mean, sd, _ = _exact(logp, a_grid + 0 * s_grid, s_grid + 0 * a_grid)
+        mean, sd, rho = _exact(logp, a_grid + 0 * s_grid, s_grid + 0 * a_grid)
         # a's Gaussian marginal is the law's mean and variance exactly; s's Gamma has its E[s]
         assert abs(q["a"].mean()[j] - mean[0]) < 0.02 * sd[0], j
         assert abs(np.sqrt(q["a"].var()[j]) / sd[0] - 1) < 0.02, j
         assert abs(q["s"].mean()[j] - mean[1]) < 0.02 * sd[1], j
+        # the draws (4,000): the group's law, its correlation too
+        draws = [idata.posterior[v].values[..., j].ravel() for v in ("a", "s")]
+        for k in range(2):
+            assert abs(draws[k].mean() - mean[k]) < 0.08 * sd[k] and abs(draws[k].std() / sd[k] - 1) < 0.08, (j, k)
+        assert abs(np.corrcoef(*draws)[0, 1] - rho) < 0.05, j

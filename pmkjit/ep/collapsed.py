@@ -1115,10 +1115,15 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
             # (a scale the real latents are drawn given, pmkjit.ep.conditional, or a likelihood
             # drawn above); a per-group likelihood (pmkjit.ep.grouped): its groups' elements
             found = method.element_places()
-            if found is None or any(name in fixed for name, _ in found[:-1]):
+            if found is None or any(p[0] in fixed for p in found[:-1]):
                 continue
             hyper, out = found[:-1], found[-1]
-            keys = [(name, int(j)) for name, idx in hyper for j in idx]
+            # a per-group likelihood's Gaussian coordinates ("theta", J, a, c: x = a theta_J + c)
+            # are drawn so only where EP's posterior leaves each uncorrelated with every other
+            # coordinate (replacing them then keeps the rest of the joint Gaussian)
+            if any(p[0] == "theta" and (theta is None or not _alone(state, p[1])) for p in hyper):
+                continue
+            keys = [(p[0], int(j)) for p in hyper for j in p[1]]
             if set(keys) & taken:
                 continue
             priors = _exact_priors(graph, state, f)
@@ -1142,8 +1147,14 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
                     if draws is None:
                         continue
                     draws = draws[:-1]
-            for (name, idx), x in zip(found, draws):
+            for place, x in zip(found, draws):
+                name, idx = place[:2]
                 x = np.asarray(x, dtype=float).reshape(n, idx.size)
+                if name == "theta":
+                    a, c = place[2:]
+                    x = (x - c) / a
+                    theta[:, idx] = np.where(np.isfinite(x), x, theta[:, idx])
+                    continue
                 keep = np.isfinite(x)  # a draw the grid could not resolve keeps EP's
                 elements[name][:, idx] = np.where(keep, x, elements[name][:, idx])
             taken |= set(keys)
@@ -1191,6 +1202,18 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
             taken |= set(keys)
             done.add(fi)
     return done
+
+
+def _alone(state, J: np.ndarray) -> bool:
+    """Whether EP's joint Gaussian leaves each coordinate ``J`` of the block uncorrelated with
+    every other coordinate (its posterior covariances, by the Cholesky factor of the precision)."""
+    from scipy.linalg import cho_solve
+
+    J = np.asarray(J, dtype=int)
+    cols = np.abs(cho_solve((state.chol, True), np.eye(state.chol.shape[0])[:, J]))
+    own = cols[J, np.arange(J.size)]
+    cols[J, np.arange(J.size)] = 0.0
+    return bool(np.all(cols.max(axis=0) <= 1e-9 * np.sqrt(own * own.max())))
 
 
 def rotated_grid(log_law, m: int, centre: np.ndarray, var: np.ndarray, nodes: int, cost: float,

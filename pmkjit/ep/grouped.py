@@ -245,15 +245,26 @@ class GroupedLikelihood(OneSite):
 
     # ------------------------------------------------------------------ draws
     def element_places(self) -> list | None:
-        """Where each latent's groups live: ``[(variable, indices (G,)), ..., None]`` (no
-        outputs; see :func:`pmkjit.ep.collapsed.draw_jointly`); None where a latent is a
-        Gaussian projection, drawn with the Gaussian block (the pairs' draws are then
-        independent, and :func:`pmkjit.diagnostics.posterior.warn_correlated_pairs` says so)."""
+        """Where each latent's groups live, ``[place, ..., None]`` (no outputs; see
+        :func:`pmkjit.ep.collapsed.draw_jointly`): ``(variable, indices (G,))`` for an element,
+        ``("theta", J (G,), a (G,), c (G,))`` for a Gaussian coordinate per group read as
+        ``a theta_J + c``; None where a group's projection reads more than one coordinate."""
         f = self.factor
-        if not all(isinstance(f.inputs[i], ElementSlot) for i in f.latent_inputs):
-            return None
-        places = [(f.inputs[i].variable, np.asarray(f.inputs[i].index).reshape(f.size, -1)[self._first, 0])
-                  for i in f.latent_inputs]
+        places = []
+        for i in f.latent_inputs:
+            s = f.inputs[i]
+            if isinstance(s, ElementSlot):
+                places.append((s.variable, np.asarray(s.index).reshape(f.size, -1)[self._first, 0]))
+                continue
+            A = np.asarray(s.A, dtype=float).reshape(f.size, -1)[self._first]
+            nonzero = A != 0
+            if not np.all(nonzero.sum(axis=1) == 1):
+                return None
+            J = np.argmax(nonzero, axis=1)
+            if np.unique(J).size < J.size:
+                return None
+            c = np.broadcast_to(np.asarray(s.c, dtype=float), (f.size,))[self._first]
+            places.append(("theta", J, A[np.arange(J.size), J], c))
         return places + [None]
 
     def joint_draws(self, marginals, sites, n: int, rng: np.random.Generator, priors=None,
