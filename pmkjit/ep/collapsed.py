@@ -84,6 +84,9 @@ _FACE_ROOM = 4.0  # growth of that pass's grid allowed along the faces a long ta
 _DRAW_NODES = {2: 201, 3: 45, 4: 21}  # nodes per axis of the grids joint draws are made on
 _MIN_DRAW_NODES = {2: 61, 3: 25, 4: 15}  # fewer per axis, where many distinct instances make a grid costly: no joint draws
 _MAX_DRAW_EVALUATIONS = 1e8  # distinct instances x nodes of the grids of one law
+# the name of the Gaussian block's coordinates among joint draws' places (a tuple: no PyMC
+# variable's name, as "theta" is the pumps' rates' and was taken for the block's)
+BLOCK = ("gaussian block",)
 # A regression of more coordinates than the rotated grid takes (three or more predictors, or
 # many observations) is integrated by nested Laplace instead (:meth:`_laplace_grid`): its one
 # or two element latents on a rotated grid, the predictor's coefficients given them by a
@@ -1115,13 +1118,13 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
             # (a scale the real latents are drawn given, pmkjit.ep.conditional, or a likelihood
             # drawn above); a per-group likelihood (pmkjit.ep.grouped): its groups' elements
             found = method.element_places()
-            if found is None or any(p[0] in fixed for p in found[:-1]):
+            if found is None or any(("theta" if p[0] == BLOCK else p[0]) in fixed for p in found[:-1]):
                 continue
             hyper, out = found[:-1], found[-1]
-            # a per-group likelihood's Gaussian coordinates ("theta", J, a, c: x = a theta_J + c)
+            # a per-group likelihood's Gaussian coordinates (BLOCK, J, a, c: x = a theta_J + c)
             # are drawn so only where EP's posterior leaves each uncorrelated with every other
             # coordinate (replacing them then keeps the rest of the joint Gaussian)
-            if any(p[0] == "theta" and (theta is None or not _alone(state, p[1])) for p in hyper):
+            if any(p[0] == BLOCK and (theta is None or not _alone(state, p[1])) for p in hyper):
                 continue
             keys = [(p[0], int(j)) for p in hyper for j in p[1]]
             if set(keys) & taken:
@@ -1150,7 +1153,7 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
             for place, x in zip(found, draws):
                 name, idx = place[:2]
                 x = np.asarray(x, dtype=float).reshape(n, idx.size)
-                if name == "theta":
+                if name == BLOCK:
                     a, c = place[2:]
                     x = (x - c) / a
                     theta[:, idx] = np.where(np.isfinite(x), x, theta[:, idx])
@@ -1185,7 +1188,7 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
             if others.size and others.max() > 1e-9 * scale.min():
                 break  # coupled to other coordinates: replacing them would break the joint Gaussian
             c = np.broadcast_to(np.asarray(s.c, dtype=float), (s.size,))[R]
-            places.append(("theta", J, B, c))
+            places.append((BLOCK, J, B, c))
         else:
             keys = [(name, int(j)) for name, idx, _, _ in places for j in idx]
             if len(set(keys)) < len(keys) or set(keys) & taken:
@@ -1195,7 +1198,7 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
                 continue
             for (name, idx, B, c), x in zip(places, draws):
                 x = np.asarray(x, dtype=float).reshape(n, -1)
-                if name == "theta":
+                if name == BLOCK:
                     theta[:, idx] = np.linalg.solve(B, (x - c).T).T
                 else:
                     elements[name][:, idx[0]] = x[:, 0]

@@ -32,7 +32,7 @@ from pmkjit.families import ExponentialFamily
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, LinearSlot
 from pmkjit.operators.oracle import project_beliefs
 
-from .collapsed import _FACE_ROOM, _MIN_RESOLVED_NODES, _ROTATED_CHECK, _ROTATED_EDGE, _WIDEN, _ZOOM, OneSite
+from .collapsed import BLOCK, _FACE_ROOM, _MIN_RESOLVED_NODES, _ROTATED_CHECK, _ROTATED_EDGE, _WIDEN, _ZOOM, OneSite
 
 __all__ = ["GroupedLikelihood", "groupable"]
 
@@ -247,7 +247,7 @@ class GroupedLikelihood(OneSite):
     def element_places(self) -> list | None:
         """Where each latent's groups live, ``[place, ..., None]`` (no outputs; see
         :func:`pmkjit.ep.collapsed.draw_jointly`): ``(variable, indices (G,))`` for an element,
-        ``("theta", J (G,), a (G,), c (G,))`` for a Gaussian coordinate per group read as
+        ``(BLOCK, J (G,), a (G,), c (G,))`` for a Gaussian coordinate per group read as
         ``a theta_J + c``; None where a group's projection reads more than one coordinate."""
         f = self.factor
         places = []
@@ -264,7 +264,7 @@ class GroupedLikelihood(OneSite):
             if np.unique(J).size < J.size:
                 return None
             c = np.broadcast_to(np.asarray(s.c, dtype=float), (f.size,))[self._first]
-            places.append(("theta", J, A[np.arange(J.size), J], c))
+            places.append((BLOCK, J, A[np.arange(J.size), J], c))
         return places + [None]
 
     def joint_draws(self, marginals, sites, n: int, rng: np.random.Generator, priors=None,
