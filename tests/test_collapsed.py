@@ -422,3 +422,20 @@ def test_the_rotated_grid_pushes_out_only_the_faces_a_long_tail_crosses():
     assert np.allclose(lows, np.round(lows)) and np.allclose(highs, np.round(highs))
     reach = np.abs(np.concatenate([lows, highs]))
     assert reach.max() > 1.5 * reach.min() and Z.shape[0] < 4 * nodes**2
+
+
+def test_a_latent_named_theta_is_drawn_as_itself_not_into_the_gaussian_block():
+    # Joint draws named the Gaussian block's coordinates "theta": a collapsed likelihood's
+    # element variable of that name (a common one) had its draws written into the block's
+    # first coordinate, so mu's draws were theta's (mean 2.70 where mu's posterior mean is
+    # 0.03) and theta's own were independent of b's (correlation 0.00 where the law has 0.9).
+    y = np.random.default_rng(3).gamma(3.0, 1 / 2.0, size=40)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("z", mu, 1, observed=np.array([0.3, -0.2]))
+        pm.Gamma("y", alpha=pm.Exponential("theta", 0.5), beta=pm.Exponential("b", 0.5), observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=1000, compute_log_likelihood=False)
+    assert "y: collapsed quadrature" in idata.ep.attrs["factor_methods"]
+    mu_draws = idata.posterior["mu"].values.ravel()  # exactly N(0.1 / 3, 1 / 3)
+    assert abs(mu_draws.mean() - 0.1 / 3) < 0.1 and abs(mu_draws.std() / np.sqrt(1 / 3) - 1) < 0.1
+    assert np.corrcoef(idata.posterior["theta"].values.ravel(), idata.posterior["b"].values.ravel())[0, 1] > 0.8
