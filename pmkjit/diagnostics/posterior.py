@@ -184,9 +184,7 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                 ll = _log_likelihood_at_steps(f, values, moves, steps).sum(axis=-1)
             except Exception:  # noqa: BLE001 - a diagnostic: a factor it cannot evaluate so is not warned about
                 continue
-            h11 = (ll[2, 1] - 2 * ll[1, 1] + ll[0, 1]) / h**2
-            h22 = (ll[1, 2] - 2 * ll[1, 1] + ll[1, 0]) / h**2
-            h12 = (ll[2, 2] - ll[2, 0] - ll[0, 2] + ll[0, 0]) / (4 * h**2)
+            h11, h22, h12 = _curvatures(ll, h)
             if not (np.isfinite([h11, h22, h12]).all() and h11 < 0 and h22 < 0):
                 continue
             rho = h12 / np.sqrt(h11 * h22)  # the correlation of the inverse of the precision -H
@@ -393,7 +391,7 @@ def _warn_correlated_predictor(graph, f, state, values, moves, names, varying, s
         return
     if pos == 1:  # the stencil's first axis moves the first latent: put the predictor first
         ll = ll.transpose(1, 0, 2)
-    h12 = (ll[2, 2] - ll[2, 0] - ll[0, 2] + ll[0, 0]) / (4 * h**2)
+    h12 = _curvatures(ll, h)[2]
     g = A.T @ h12
     if not (np.isfinite(g).all() and np.isfinite(uv) and uv > 0):
         return
@@ -442,9 +440,7 @@ def _warn_correlated_per_group(graph, state, fi, f, values, moves, names, varyin
         return
     if pos == 0:  # the stencil's first axis moves the first latent: put the element first
         ll = ll.transpose(1, 0, 2)
-    h_uu = (ll[2, 1] - 2 * ll[1, 1] + ll[0, 1]) / h**2
-    h_ee = (ll[1, 2] - 2 * ll[1, 1] + ll[1, 0]) / h**2
-    h_ue = (ll[2, 2] - ll[2, 0] - ll[0, 2] + ll[0, 0]) / (4 * h**2)
+    h_uu, h_ee, h_ue = _curvatures(ll, h)
     elements, group = np.unique(element, return_inverse=True)
     # each element's cavity: its marginal less this factor's sites on it, as a precision in u
     slot = f.inputs[f.latent_inputs[other]]
@@ -635,6 +631,16 @@ def _law_on_grid(loglik, cavities, centre, half, n_grid: int, max_nodes: int, ma
     if not (s0 > 0 and s1 > 0):
         return None
     return float(np.sum(w * (X0 - m0) * (X1 - m1)) / (s0 * s1)), (float(s0), float(s1))
+
+
+def _curvatures(ll: np.ndarray, h: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The second derivatives ``(d11, d22, d12)`` by central differences of step ``h`` from
+    log-likelihoods ``ll[i, j, ...]`` on the 3 x 3 stencil (``i``, ``j``: -h, 0, +h in each
+    of the two coordinates)."""
+    d11 = (ll[2, 1] - 2 * ll[1, 1] + ll[0, 1]) / h**2
+    d22 = (ll[1, 2] - 2 * ll[1, 1] + ll[1, 0]) / h**2
+    d12 = (ll[2, 2] - ll[2, 0] - ll[0, 2] + ll[0, 0]) / (4 * h**2)
+    return d11, d22, d12
 
 
 def _log_likelihood_at_steps(f, values, moves, steps) -> np.ndarray:

@@ -1097,8 +1097,6 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
     outputs from its law, given the outputs' draws where those are in ``fixed``, or from the
     law's marginal beside Gaussian outputs. Returns the indices of the factors drawn jointly.
     """
-    from scipy.linalg import cho_solve
-
     from pmkjit.ep.engine import _marginals
 
     done: set[int] = set()
@@ -1182,10 +1180,7 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
             B = A_R[:, J]
             if not np.linalg.cond(B) < 1e12:
                 break
-            cols = cho_solve((state.chol, True), np.eye(A_R.shape[1])[:, J])  # their posterior covariances
-            others = np.delete(np.abs(cols), J, axis=0)
-            scale = np.sqrt(np.abs(cols[J, np.arange(J.size)]) * np.abs(cols).max())
-            if others.size and others.max() > 1e-9 * scale.min():
+            if not _alone(state, J, among=False):
                 break  # coupled to other coordinates: replacing them would break the joint Gaussian
             c = np.broadcast_to(np.asarray(s.c, dtype=float), (s.size,))[R]
             places.append((BLOCK, J, B, c))
@@ -1207,15 +1202,22 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
     return done
 
 
-def _alone(state, J: np.ndarray) -> bool:
-    """Whether EP's joint Gaussian leaves each coordinate ``J`` of the block uncorrelated with
-    every other coordinate (its posterior covariances, by the Cholesky factor of the precision)."""
-    from scipy.linalg import cho_solve
+def _alone(state, J: np.ndarray, *, among: bool = True) -> bool:
+    """Whether EP's joint Gaussian leaves the coordinates ``J`` of the block uncorrelated with
+    every coordinate outside ``J`` and, if ``among``, with each other (their posterior
+    covariances, by the Cholesky factor of the precision).
 
+    One law's own coordinates (a regression's a and b) may be correlated among themselves, as
+    they are drawn together (``among=False``); a per-group likelihood's groups are drawn
+    independently, so their coordinates may not.
+    """
     J = np.asarray(J, dtype=int)
-    cols = np.abs(cho_solve((state.chol, True), np.eye(state.chol.shape[0])[:, J]))
+    cols = np.abs(linalg.cho_solve((state.chol, True), np.eye(state.chol.shape[0])[:, J]))
     own = cols[J, np.arange(J.size)]
-    cols[J, np.arange(J.size)] = 0.0
+    if among:
+        cols[J, np.arange(J.size)] = 0.0
+    else:
+        cols[J] = 0.0
     return bool(np.all(cols.max(axis=0) <= 1e-9 * np.sqrt(own * own.max())))
 
 
