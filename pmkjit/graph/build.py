@@ -320,7 +320,7 @@ class _Builder:
             transform = _default_transform(op, rv)
         tname = type(transform).__name__ if transform is not None else None
         if tname is None:
-            if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV",) and not normal_walk(rv):
+            if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV", "ICARRV") and not normal_walk(rv):
                 hint = TIME_SERIES.get(type(op).__name__, ("", ""))[1]
                 raise UnsupportedModelError(
                     f"{name}: multivariate latent {distribution_label(op)} is not supported (only MvNormal){hint}"
@@ -609,6 +609,9 @@ class _Builder:
                 return
             if opname == "ZeroSumNormalRV":
                 self._zero_sum_prior(rv)
+                return
+            if opname == "ICARRV":
+                self._icar_prior(rv)
                 return
         else:
             consts = [self._constant(p, rv.name) for p in params]
@@ -1218,6 +1221,61 @@ class _Builder:
             f"sum of {rv.name} at 0", S, np.zeros(cols.shape[0]), np.zeros(cols.shape[0]),
             np.full(cols.shape[0], _ZERO_SUM_PRECISION)))
         self.graph.zero_sum.append(rv.name)
+
+    def _icar_prior(self, rv) -> None:
+        """``pm.ICAR``: Normal factors on the differences of neighbours, and a soft sum at 0.
+
+        PyMC's density of ``pm.ICAR("phi", W, sigma, zero_sum_stdev)`` is
+        ``-sum_{i~j} (phi_i - phi_j)^2 / (2 sigma^2) - (sum phi / (zero_sum_stdev N))^2 / 2``
+        (each edge of ``W`` once) plus a constant: exact Gaussian terms on the rows
+        ``e_i - e_j`` and ``1``, so EP fits it exactly, as it fits a random walk's increments.
+        Its pairwise part carries no ``log sigma`` normaliser, so with a latent ``sigma`` it
+        is not a Normal law in ``sigma`` and is refused (the BYM models scale a unit ICAR
+        outside it instead: ``sigma * phi``). A graph of several connected components leaves
+        each component's level but one free in the prior, which EP's joint Gaussian cannot
+        start from; it is refused, naming the components.
+        """
+        from scipy.sparse.csgraph import connected_components
+
+        var = self.variables[rv.name]
+        D = self.graph.n_theta
+        W, sigma, zero_sum_stdev = dist_params(rv)
+        if rv.ndim != 1:
+            raise UnsupportedModelError(f"{rv.name}: a batch of pm.ICAR fields (shape {var.shape}) is not supported; "
+                                        "one field over one graph is")
+        for what, p in (("sigma", sigma), ("zero_sum_stdev", zero_sum_stdev), ("W", W)):
+            if latent_ancestors(p, self.latent_rvs):
+                raise UnsupportedModelError(
+                    f"{rv.name}: a pm.ICAR whose {what} is latent is not supported: PyMC's ICAR density has no "
+                    "log(sigma) normalising term, so it is not a Normal law in sigma; give the ICAR sigma=1 and "
+                    f"scale it outside, as the BYM models do (sigma * {rv.name})"
+                )
+        W = np.asarray(evaluate_constant(W))
+        sd = float(np.asarray(evaluate_constant(sigma)))
+        zs = float(np.asarray(evaluate_constant(zero_sum_stdev)))
+        N = W.shape[0]
+        n_parts, part = connected_components(W != 0, directed=False)
+        if n_parts > 1:
+            sizes = np.bincount(part)
+            raise UnsupportedModelError(
+                f"{rv.name}: the adjacency matrix of this pm.ICAR has {n_parts} connected components (sizes "
+                f"{', '.join(map(str, sizes[:10]))}{', ...' if n_parts > 10 else ''}; islands), and its one soft "
+                "sum-to-zero constraint leaves the levels of all but one free in the prior, where EP's joint "
+                "Gaussian needs a proper start; connect the islands to a neighbour in W, or fit each component's "
+                "field as its own pm.ICAR"
+            )
+        node1, node2 = np.nonzero(np.tril(W == 1, k=-1))  # each edge once, as PyMC's density counts it
+        cols = var.offset + np.arange(N)
+        R = np.zeros((node1.size, D))
+        R[np.arange(node1.size), cols[node1]] = 1.0
+        R[np.arange(node1.size), cols[node2]] = -1.0
+        self.graph.gaussian_terms.append(GaussianTerm(
+            f"prior of {rv.name} (differences of neighbours)", R, np.zeros(node1.size), np.zeros(node1.size),
+            np.full(node1.size, 1.0 / sd**2)))
+        S = np.zeros((1, D))
+        S[0, cols] = 1.0
+        self.graph.gaussian_terms.append(GaussianTerm(
+            f"soft sum of {rv.name} at 0", S, np.zeros(1), np.zeros(1), np.array([1.0 / (zs * N) ** 2])))
 
     def _mvnormal(self, rv: Variable, params: Sequence[Variable], *, prior: bool,
                   y: np.ndarray | None = None) -> None:
