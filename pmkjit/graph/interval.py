@@ -5,7 +5,8 @@ latents as Gamma or Beta messages, so a latent on any other interval has no mess
 with constant bounds such a latent is an affine map of a positive or unit-interval one:
 ``x ~ Uniform(a, b)`` is exactly ``x = a + (b - a) u`` with ``u ~ Uniform(0, 1)`` (a Beta(1, 1)
 latent whose prior EP takes in its own family), and any other law on ``(a, inf)``,
-``(-inf, b)`` or ``(a, b)`` (``pm.Pareto``, a ``pm.TruncatedNormal``, ``pm.Triangular``) is
+``(-inf, b)`` or ``(a, b)`` (``pm.Pareto``, a ``pm.TruncatedNormal``, ``pm.Triangular``,
+``pm.Interpolated``) is
 ``a + v``, ``b - v`` or ``a + (b - a) v`` with ``v`` the same law shifted and scaled (a
 ``pm.CustomDist`` of the original random variable, whose density PyMC derives and whose
 sampler is the original's; a black-box prior). The model is rewritten before EP: each such
@@ -39,16 +40,39 @@ def _standardised(rv, lo, hi, shape):
     """``rv``'s distribution mapped onto (0, inf) or (0, 1): ``x - lo``, ``hi - x`` or ``(x - lo) / (hi - lo)``.
 
     A ``pm.CustomDist`` of the same random variable op and parameters, whose density PyMC
-    derives through the affine map and whose forward sampler is the original one's.
+    derives through the affine map and whose forward sampler is the original one's. A law
+    with core parameters (``pm.Interpolated``'s table) keeps them as constants of the
+    closure; ``ValueError`` where they are not constant or differ between entries.
     """
     op = rv.owner.op
     params = op.dist_params(rv.owner)
     lo_t = None if lo is None else pt.as_tensor(lo)
     hi_t = None if hi is None else pt.as_tensor(hi)
+    ndims = list(getattr(op, "ndims_params", None) or [0] * len(params))
+    if any(n > 0 for n in ndims):
+        # parameters with a core dimension (pm.Interpolated's table of x and pdf points) are
+        # constants of the law, not per-entry parameters: they stay in the closure (PyMC's
+        # Interpolated density reads them as constants), one table for every entry, and a
+        # zero parameter gives the batch its shape
+        constants = []
+        for p, n in zip(params, ndims):
+            value = np.asarray(evaluate_constant(p))  # raises for a parameter that is not constant
+            rows = value.reshape((-1,) + value.shape[value.ndim - n:])
+            if not np.all(rows == rows[0]):
+                raise ValueError("a law whose entries have different tables")
+            constants.append(pt.constant(rows[0]))
+        params = [pt.as_tensor(np.zeros(shape))]
 
-    def dist(*args):
-        *p, size = args
-        x = op(*p, size=size)
+        def dist(zero, size):
+            # the batch is the zero parameter's shape: PyMC passes no size when the
+            # parameters imply it (the factor graph's rebuilt, batched distribution)
+            return _mapped(op(*constants, size=pt.shape(zero)))
+    else:
+        def dist(*args):
+            *p, size = args
+            return _mapped(op(*p, size=size))
+
+    def _mapped(x):
         if hi_t is None:
             return x - lo_t
         if lo_t is None:
