@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable
@@ -335,14 +336,16 @@ def fit(
             idata, given, jointly = assemble_inference_data(model, graph, state, draws, chains, rng,
                                                             compute_log_likelihood, one_site)
         timings["draws"] = time.perf_counter() - t0
-        warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly))
-        # a grouped Student-t's nu is drawn from its groups' laws only where they could be drawn
-        # (else from EP's Gamma, short of the law's right tail: 0.74 of NUTS's sd)
-        warn_latent_degrees_of_freedom(model, whole=frozenset(
-            graph.factors[fi].name for fi in whole if not isinstance(one_site[fi], GroupedLikelihood) or fi in jointly))
-        # (its own generator: drawing from rng would change every fit's posterior draws)
-        warn_correlated_hyperparameters(graph, state, np.random.default_rng(0), jointly=frozenset(jointly))
-        warn_overlapping_components(graph, state)
+        with _named_as_written(bounded):
+            warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly))
+            # a grouped Student-t's nu is drawn from its groups' laws only where they could be drawn
+            # (else from EP's Gamma, short of the law's right tail: 0.74 of NUTS's sd)
+            warn_latent_degrees_of_freedom(model, whole=frozenset(
+                graph.factors[fi].name for fi in whole
+                if not isinstance(one_site[fi], GroupedLikelihood) or fi in jointly))
+            # (its own generator: drawing from rng would change every fit's posterior draws)
+            warn_correlated_hyperparameters(graph, state, np.random.default_rng(0), jointly=frozenset(jointly))
+            warn_overlapping_components(graph, state)
         t0 = time.perf_counter()
         with default_initial_values(original):
             warn_impossible_observations(idata, model, graph.ordered)
@@ -399,6 +402,28 @@ def _drop_repeated_observed(model: pm.Model) -> None:
         if len(unique) < len(lists):
             list.__setitem__(lists, slice(None), unique)  # treelist forbids item assignment
         lists = getattr(lists, "parent", None)
+
+
+@contextlib.contextmanager
+def _named_as_written(bounded: list[str]):
+    """Re-issue the warnings raised inside with each rescaled latent named as the user wrote it.
+
+    A latent on an interval, ``kappa ~ pm.Pareto(1.5, 1)``, is fitted as a hidden
+    ``__pmkjit_unit_kappa`` (``kappa = 1 + v``); the posterior diagnostics named that hidden
+    latent (robustness round 30). Its sds are the latent's times the interval's width, so
+    the name is replaced by ``kappa (as rescaled)``.
+    """
+    if not bounded:
+        yield
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        message = str(w.message)
+        for name in bounded:
+            message = message.replace(f"{UNIT_PREFIX}{name}", f"{name} (as rescaled)")
+        warnings.warn_explicit(message, w.category, w.filename, w.lineno)
 
 
 def _rewritten(rewrite, model: pm.Model) -> tuple[pm.Model, list[str]]:

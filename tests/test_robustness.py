@@ -2863,3 +2863,15 @@ def test_a_nonlinear_regression_of_four_shared_latents_is_warned_about():
     assert "collapsed" not in idata.ep.attrs["factor_methods"]
     hits = [str(w.message) for w in caught if "(its curvature at EP's posterior means)" in str(w.message)]
     assert len(hits) >= 1 and "the likelihood correlates" in hits[0] and "A" in hits[0] and "k" in hits[0]
+
+
+def test_posterior_warnings_name_a_rescaled_latent_as_the_user_wrote_it():
+    # kappa ~ pm.Pareto(1.5, 1) is fitted as a hidden __pmkjit_unit_kappa (kappa = 1 + v); the
+    # rats model's correlation warning named that hidden latent (robustness round 30)
+    from pmkjit.fit import _named_as_written
+    from pmkjit.graph.interval import UNIT_PREFIX
+
+    with pytest.warns(UserWarning) as record:
+        with _named_as_written(["kappa"]):
+            warnings.warn(f"theta: phi and {UNIT_PREFIX}kappa are correlated", UserWarning)
+    assert [str(w.message) for w in record] == ["theta: phi and kappa (as rescaled) are correlated"]
