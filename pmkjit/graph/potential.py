@@ -63,10 +63,22 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
         latents = [v for v in free if v in reads]
         if not latents:
             continue  # a potential of data only: left to the refusal
-        if any(v.ndim != 0 for v in latents):
+        vector = any(v.ndim != 0 for v in latents)
+        try:
             terms = _terms(_unwrapped(expr, deterministics_only=True), set(free))
-            if terms is None:
-                continue  # no sum of elementwise terms: left to the refusal
+        except Exception:  # noqa: BLE001 - a graph it cannot split: of scalars, still one factor of its density
+            if vector:
+                raise
+            terms = None
+        if vector and terms is None:
+            continue  # no sum of elementwise terms: left to the refusal
+        # A potential of scalar latents that is a sum over data of terms of them (a censored
+        # tail by hand, -(exp(b0 + b1 * x) * c).sum(); a likelihood by hand) is also one factor
+        # per entry, which reads the scalars through each entry's linear predictor like any
+        # likelihood. As one factor of b0 and b1 its sites on the two were separate, so their
+        # correlation was lost: sds 1.07 of the exact ones (robustness round 30), where
+        # pm.Censored's entries are within 1%.
+        if vector or terms is not None and all(_entrywise(t, latents) for t in terms):
             names = [out.name] if len(terms) == 1 else [f"{out.name}[{k}]" for k in range(len(terms))]
             for term, term_name in zip(terms, names):
                 rv = pm.CustomDist.dist(term, logp=_itself, class_name=f"Potential_{out.name}")
@@ -77,23 +89,6 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
             rewritten.extend(names)
             continue
         name = out.name
-        terms = _terms(_unwrapped(expr, deterministics_only=True), set(free))
-        if terms is not None and all(_entrywise(t, latents) for t in terms):
-            # a sum over data of terms of scalar latents (a censored tail by hand,
-            # -(exp(b0 + b1 * x) * c).sum(); a likelihood by hand): one factor per entry, which
-            # reads the scalars through each entry's linear predictor like any likelihood. As
-            # one factor of b0 and b1 its sites on the two were separate, so their correlation
-            # was lost: sds 1.07 of the exact ones (robustness round 30), where pm.Censored's
-            # entries are within 1%
-            names = [name] if len(terms) == 1 else [f"{name}[{k}]" for k in range(len(terms))]
-            for term, term_name in zip(terms, names):
-                rv = pm.CustomDist.dist(term, logp=_itself, class_name=f"Potential_{name}")
-                observed = model_observed_rv(rv, pt.as_tensor(np.zeros(tuple(term.type.shape))))
-                observed.name = term_name
-                fg.add_output(observed, import_missing=True)
-            drop_outputs(fg, [out])
-            rewritten.extend(names)
-            continue
         if expr.ndim:
             expr = expr.sum()  # the model's log-density sums a potential's entries
         # f over placeholders, cut from the model's graph (which model_from_fgraph rewrites)
