@@ -36,8 +36,8 @@ from pmkjit.diagnostics.model import (
     warn_non_centred,
 )
 from pmkjit.diagnostics.posterior import (
-    warn_correlated_hyperparameters, warn_correlated_pairs, warn_impossible_observations, warn_overlapping_components,
-    warn_unconditional_centred_draws,
+    warn_correlated_hyperparameters, warn_correlated_pairs, warn_impossible_observations, warn_one_site_refused,
+    warn_overlapping_components, warn_unconditional_centred_draws,
 )
 from pmkjit.inference_data import NoOracle, as_original, assemble_inference_data, ep_group, ep_posterior
 from pmkjit.graph.centre import centre_non_centred
@@ -337,6 +337,7 @@ def fit(
                                                             compute_log_likelihood, one_site)
         timings["draws"] = time.perf_counter() - t0
         with _named_as_written(bounded):
+            warn_one_site_refused(graph, methods)
             warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly))
             # a grouped Student-t's nu is drawn from its groups' laws only where they could be drawn
             # (else from EP's Gamma, short of the law's right tail: 0.74 of NUTS's sd)

@@ -2875,3 +2875,23 @@ def test_posterior_warnings_name_a_rescaled_latent_as_the_user_wrote_it():
         with _named_as_written(["kappa"]):
             warnings.warn(f"theta: phi and {UNIT_PREFIX}kappa are correlated", UserWarning)
     assert [str(w.message) for w in record] == ["theta: phi and kappa (as rescaled) are correlated"]
+
+
+def test_a_one_site_factor_that_ended_instance_by_instance_is_warned_about():
+    # the rats' tumour prior on 20 mostly empty experiments (robustness round 30): its law was
+    # refused by its grid in 24 of 25 sweeps, EP converged on the instances' own sites and put
+    # kappa at 5,600 where NUTS has 42, silently. The rule, on the methods' bookkeeping:
+    from types import SimpleNamespace
+
+    from pmkjit.diagnostics.posterior import warn_one_site_refused
+
+    graph = SimpleNamespace(factors=[SimpleNamespace(name="theta", kind="prior"),
+                                     SimpleNamespace(name="y", kind="likelihood")])
+    refused = SimpleNamespace(collapsed=True, _refused=2, n_per_instance_sweeps=24, _kind="collapsed prior")
+    held = SimpleNamespace(collapsed=True, _refused=0, n_per_instance_sweeps=1, _kind="one site per likelihood")
+    with pytest.warns(UserWarning, match=r"^theta: EP fits this prior with one site \(collapsed prior\).*24 sweeps"):
+        warn_one_site_refused(graph, [refused, held])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_one_site_refused(graph, [held, held])  # the last sweep held: no warning
+        warn_one_site_refused(graph, [object(), None])  # methods of no one site
