@@ -94,6 +94,7 @@ from pmkjit.graph.distributions import (
 )
 from pmkjit.graph.keys import describe_graph, graph_key, has_no_random, simulator_fingerprint
 from pmkjit.graph.link_recognition import ELEMENTWISE_HINTS, recognise_link
+from pmkjit.operators.grid import GRID_NODES
 
 try:  # private in PyMC 5 (the singledispatch behind every distribution's default transform)
     from pymc.distributions.transforms import _default_transform
@@ -1455,13 +1456,15 @@ class _Builder:
         n_latent = sum(isinstance(slot, (LinearSlot, ElementSlot)) for _, slot in leaves.values())
         if not n_latent:
             return True  # constant in value (w * x at x = 0, split off by _likelihood_entries): no factor
-        if n_latent == 2:
+        if 2 <= n_latent <= max(GRID_NODES):
             # A deterministic factor has quadrature for one input only; with two, the
             # likelihood's own density has quadrature, where the split left importance
             # sampling: a logistic regression with a positive slope, logit_p = a + b * x with
             # b ~ LogNormal(0, 1) (N = 100, robustness round 18), did not converge in 50
-            # sweeps (81 s), 0.51 NUTS sd off. (Three or more stay split: importance sampling
-            # in front of a KJIT operator, as documented.)
+            # sweeps (81 s), 0.51 NUTS sd off. With three to six the likelihood has the
+            # Gauss-Hermite grid: a Poisson rate E exp(b0 + sigma * phi) over an ICAR field
+            # did not converge in 50 sweeps split (importance sampling, robustness round 30).
+            # (More stay split: importance sampling in front of a KJIT operator.)
             return False
         inputs, slots, (g,) = self._rebuild([param], leaves)
         function = compile_function(inputs, g)
