@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import re
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -336,7 +338,7 @@ def fit(
             idata, given, jointly = assemble_inference_data(model, graph, state, draws, chains, rng,
                                                             compute_log_likelihood, one_site)
         timings["draws"] = time.perf_counter() - t0
-        with _named_as_written(bounded):
+        with _named_as_written(bounded, sys._getframe(1).f_globals):
             warn_one_site_refused(graph, methods)
             warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly))
             # a grouped Student-t's nu is drawn from its groups' laws only where they could be drawn
@@ -406,25 +408,33 @@ def _drop_repeated_observed(model: pm.Model) -> None:
 
 
 @contextlib.contextmanager
-def _named_as_written(bounded: list[str]):
+def _named_as_written(bounded: list[str], caller: dict):
     """Re-issue the warnings raised inside with each rescaled latent named as the user wrote it.
 
     A latent on an interval, ``kappa ~ pm.Pareto(1.5, 1)``, is fitted as a hidden
     ``__pmkjit_unit_kappa`` (``kappa = 1 + v``); the posterior diagnostics named that hidden
     latent (robustness round 30). Its sds are the latent's times the interval's width, so
-    the name is replaced by ``kappa (as rescaled)``.
+    the name is replaced by ``kappa (as rescaled)``: the longest names first, whole names only
+    (``sigma`` must not be replaced inside ``sigma_a``). The diagnostics attribute their
+    warnings to the caller of :func:`fit`; they are re-issued with that caller's module and
+    warning registry (``caller``: its globals), so the user's filters and "once per place"
+    apply to them as to any other, and re-issued even if a diagnostic fails.
     """
     if not bounded:
         yield
         return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
-    for w in caught:
-        message = str(w.message)
-        for name in bounded:
-            message = message.replace(f"{UNIT_PREFIX}{name}", f"{name} (as rescaled)")
-        warnings.warn_explicit(message, w.category, w.filename, w.lineno)
+    hidden = re.compile(re.escape(UNIT_PREFIX) + "(" + "|".join(
+        re.escape(n) for n in sorted(bounded, key=len, reverse=True)) + r")(?!\w)")
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for w in caught:
+            warnings.warn_explicit(hidden.sub(r"\1 (as rescaled)", str(w.message)), w.category, w.filename,
+                                   w.lineno, module=caller.get("__name__"),
+                                   registry=caller.setdefault("__warningregistry__", {}))
 
 
 def _rewritten(rewrite, model: pm.Model) -> tuple[pm.Model, list[str]]:

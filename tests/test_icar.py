@@ -7,7 +7,7 @@ import pymc as pm
 import pytest
 
 import pmkjit
-from pmkjit.errors import UnsupportedModelError
+from pmkjit.errors import InvalidDataError, UnsupportedModelError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 
@@ -62,6 +62,11 @@ def test_icar_refusals_name_the_variable_and_the_reason():
         pm.Normal("y", phi, 1.0, observed=np.zeros(9))
     with pytest.raises(UnsupportedModelError, match=r"phi: a pm\.ICAR whose sigma is latent.*sigma \* phi"):
         pmkjit.fit(model=latent_sigma, random_seed=1, progressbar=False)
+    with pm.Model() as no_scale:
+        phi = pm.ICAR("phi", W=W, sigma=0.0)
+        pm.Normal("y", phi, 1.0, observed=np.zeros(9))
+    with pytest.raises(InvalidDataError, match=r"phi: a pm\.ICAR needs sigma > 0"):
+        pmkjit.fit(model=no_scale, random_seed=1, progressbar=False)
     with pm.Model() as two_islands:
         phi = pm.ICAR("phi", W=islands)
         pm.Poisson("y", pm.math.exp(phi), observed=np.arange(6))

@@ -2874,9 +2874,22 @@ def test_posterior_warnings_name_a_rescaled_latent_as_the_user_wrote_it():
     from pmkjit.graph.interval import UNIT_PREFIX
 
     with pytest.warns(UserWarning) as record:
-        with _named_as_written(["kappa"]):
-            warnings.warn(f"theta: phi and {UNIT_PREFIX}kappa are correlated", UserWarning)
-    assert [str(w.message) for w in record] == ["theta: phi and kappa (as rescaled) are correlated"]
+        with _named_as_written(["k", "kappa"], globals()):
+            warnings.warn(f"theta: phi and {UNIT_PREFIX}kappa are correlated; {UNIT_PREFIX}k too", UserWarning)
+    # whole names only: "k" is not replaced inside "kappa"
+    assert [str(w.message) for w in record] == ["theta: phi and kappa (as rescaled) are correlated; k (as rescaled) too"]
+    # the user's filters by module apply to the re-issued warnings, and they are re-issued
+    # even when a diagnostic fails
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", module=__name__)
+        with _named_as_written(["kappa"], globals()):
+            warnings.warn(f"{UNIT_PREFIX}kappa", UserWarning)
+    assert not seen
+    with pytest.warns(UserWarning, match=r"^kappa \(as rescaled\)$"), pytest.raises(RuntimeError):
+        with _named_as_written(["kappa"], globals()):
+            warnings.warn(f"{UNIT_PREFIX}kappa", UserWarning)
+            raise RuntimeError("a diagnostic failed")
 
 
 def test_a_one_site_factor_that_ended_instance_by_instance_is_warned_about():

@@ -1244,16 +1244,22 @@ class _Builder:
         if rv.ndim != 1:
             raise UnsupportedModelError(f"{rv.name}: a batch of pm.ICAR fields (shape {var.shape}) is not supported; "
                                         "one field over one graph is")
-        for what, p in (("sigma", sigma), ("zero_sum_stdev", zero_sum_stdev), ("W", W)):
-            if latent_ancestors(p, self.latent_rvs):
-                raise UnsupportedModelError(
-                    f"{rv.name}: a pm.ICAR whose {what} is latent is not supported: PyMC's ICAR density has no "
-                    "log(sigma) normalising term, so it is not a Normal law in sigma; give the ICAR sigma=1 and "
-                    f"scale it outside, as the BYM models do (sigma * {rv.name})"
-                )
+        if latent_ancestors(sigma, self.latent_rvs):
+            raise UnsupportedModelError(
+                f"{rv.name}: a pm.ICAR whose sigma is latent is not supported: PyMC's ICAR density has no "
+                "log(sigma) normalising term, so it is not a Normal law in sigma; give the ICAR sigma=1 and "
+                f"scale it outside, as the BYM models do (sigma * {rv.name})"
+            )
+        if latent_ancestors(zero_sum_stdev, self.latent_rvs):
+            raise UnsupportedModelError(f"{rv.name}: a pm.ICAR whose zero_sum_stdev is latent is not supported; "
+                                        "give it a constant")
         W = np.asarray(evaluate_constant(W))
         sd = float(np.asarray(evaluate_constant(sigma)))
         zs = float(np.asarray(evaluate_constant(zero_sum_stdev)))
+        if not (np.isfinite(sd) and sd > 0 and np.isfinite(zs) and zs > 0):
+            # PyMC's density is -inf (or NaN) there: no posterior to fit
+            raise InvalidDataError(f"{rv.name}: a pm.ICAR needs sigma > 0 and zero_sum_stdev > 0 (got sigma={sd}, "
+                                   f"zero_sum_stdev={zs})")
         N = W.shape[0]
         n_parts, part = connected_components(W != 0, directed=False)
         if n_parts > 1:
