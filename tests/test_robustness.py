@@ -1994,6 +1994,17 @@ def test_a_potential_summed_over_data_of_scalar_latents_is_one_factor_per_entry(
     logp = (stats.norm.logpdf(g0, 0, 2) + stats.norm.logpdf(g1, 0, 2)
             + (eta[..., obs] - np.exp(eta[..., obs]) * t[obs]).sum(-1) - (np.exp(eta[..., ~obs]) * c[~obs]).sum(-1))
     assert_ep_matches_grid(idata, logp, {"b0": g0, "b1": g1}, mean_tol=0.03, sd_tol=0.03)
+    # the same with the censored covariates as pm.Data, whose length is not static: it was
+    # left one factor (the term's shape unknown)
+    with pm.Model() as with_data:
+        xc, cc = pm.Data("xc", x[~obs]), pm.Data("cc", c[~obs])
+        b0 = pm.Normal("b0", 0, 2)
+        b1 = pm.Normal("b1", 0, 2)
+        pm.Exponential("t_obs", pm.math.exp(b0 + b1 * x[obs]), observed=t[obs])
+        pm.Potential("censored", -(pm.math.exp(b0 + b1 * xc) * cc).sum())
+    idata = pmkjit.fit(model=with_data, random_seed=1, progressbar=False)
+    assert re.search(rf"censored: likelihood Potential_\w+ \({(~obs).sum()} instances", idata.ep.attrs["factor_graph"])
+    assert_ep_matches_grid(idata, logp, {"b0": g0, "b1": g1}, mean_tol=0.03, sd_tol=0.03)
 
 
 def test_a_potential_of_vector_latents_is_a_sum_of_elementwise_factors():

@@ -82,7 +82,7 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
             names = [out.name] if len(terms) == 1 else [f"{out.name}[{k}]" for k in range(len(terms))]
             for term, term_name in zip(terms, names):
                 rv = pm.CustomDist.dist(term, logp=_itself, class_name=f"Potential_{out.name}")
-                observed = model_observed_rv(rv, pt.as_tensor(np.zeros(tuple(term.type.shape))))
+                observed = model_observed_rv(rv, pt.as_tensor(np.zeros(_shape(term, latents))))
                 observed.name = term_name
                 fg.add_output(observed, import_missing=True)
             drop_outputs(fg, [out])
@@ -120,8 +120,13 @@ def _entrywise(term, latents) -> bool:
     from pytensor.tensor.elemwise import DimShuffle, Elemwise
     from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1, Subtensor
 
-    shape = term.type.shape
-    if term.ndim == 0 or not all(n is not None for n in shape) or int(np.prod(shape)) < 2:
+    if term.ndim == 0:
+        return False
+    try:
+        shape = _shape(term, latents)
+    except Exception:  # noqa: BLE001 - a shape it cannot tell: one factor of the whole density
+        return False
+    if int(np.prod(shape)) < 2:
         return False
     allowed = (Elemwise, DimShuffle, Subtensor, AdvancedSubtensor, AdvancedSubtensor1)
     reads = set(latents)  # the variables that depend on a latent, filled in graph order
@@ -132,6 +137,15 @@ def _entrywise(term, latents) -> bool:
             return False
         reads.update(node.outputs)
     return True
+
+
+def _shape(term, latents) -> tuple[int, ...]:
+    """The shape of a potential's term: its static shape, or, where it reads ``pm.Data`` (whose
+    length is not static), evaluated with the latents replaced by zeros of their shapes."""
+    if all(n is not None for n in term.type.shape):
+        return tuple(int(n) for n in term.type.shape)
+    stand_ins = {v: pt.zeros(tuple(int(n) for n in v.type.shape), dtype=v.dtype) for v in latents}
+    return tuple(int(n) for n in graph_replace(term.shape, stand_ins, strict=False).eval())
 
 
 def _itself(value, term):
