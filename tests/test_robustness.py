@@ -2913,9 +2913,11 @@ def test_a_one_site_factor_that_ended_instance_by_instance_is_warned_about():
 
     graph = SimpleNamespace(factors=[SimpleNamespace(name="theta", kind="prior"),
                                      SimpleNamespace(name="y", kind="likelihood")])
-    refused = SimpleNamespace(collapsed=True, _refused=2, n_per_instance_sweeps=24, _kind="collapsed prior")
-    held = SimpleNamespace(collapsed=True, _refused=0, n_per_instance_sweeps=1, _kind="one site per likelihood")
-    with pytest.warns(UserWarning, match=r"^theta: EP fits this prior with one site \(collapsed prior\).*24 sweeps"):
+    refused = SimpleNamespace(collapsed=True, ended_refused=True,
+                              kind="collapsed prior (24 sweeps instance by instance)")
+    held = SimpleNamespace(collapsed=True, ended_refused=False,
+                           kind="one site per likelihood (1 sweeps instance by instance)")
+    with pytest.warns(UserWarning, match=r"^theta: EP fits this prior with one site \(collapsed prior \(24 sweeps"):
         warn_one_site_refused(graph, [refused, held])
     with warnings.catch_warnings():
         warnings.simplefilter("error")

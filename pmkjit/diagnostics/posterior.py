@@ -38,13 +38,12 @@ def warn_one_site_refused(graph, methods: Sequence) -> None:
     zero-inflated regression (round 29, before its grid was mended) its sds at 0.63-0.75.
     """
     for f, m in zip(graph.factors, methods):
-        if not getattr(m, "collapsed", False) or getattr(m, "_refused", 0) == 0:
+        if not getattr(m, "collapsed", False) or not m.ended_refused:
             continue
         warnings.warn(
-            f"{f.name}: EP fits this {'prior' if f.kind == 'prior' else 'likelihood'} with one site ({m._kind}), "
-            f"but its law was not held by its grid in the last sweeps ({m.n_per_instance_sweeps} sweeps instance "
-            "by instance, the last among them), so its sites are its instances' own, which leave out the "
-            "correlation of the latents they share: posterior means and sds may be far off (a hierarchical "
+            f"{f.name}: EP fits this {'prior' if f.kind == 'prior' else 'likelihood'} with one site ({m.kind}), "
+            "but its law was not held by its grid in the last sweeps, so its sites are its instances' own, "
+            "which leave out the correlation of the latents they share: posterior means and sds may be far off (a hierarchical "
             "Beta prior with a heavy-tailed concentration: 60 times NUTS's mean). A posterior with a tail no "
             "Gamma or Beta holds (a Pareto prior's) is one cause; compare with pm.sample",
             UserWarning,

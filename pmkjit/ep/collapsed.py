@@ -266,6 +266,11 @@ class OneSite:
         return self._kind
 
     @property
+    def ended_refused(self) -> bool:
+        """Whether the last sweep fell back to the instances' own sites (the law was not held)."""
+        return self._refused > 0
+
+    @property
     def active(self) -> bool:
         """Whether to try the collapsed integral this sweep: not after ``_MAX_REFUSED``
         sweeps in a row without one (a law that neither quadrature nor the wide grid

@@ -78,11 +78,17 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
         # likelihood. As one factor of b0 and b1 its sites on the two were separate, so their
         # correlation was lost: sds 1.07 of the exact ones (robustness round 30), where
         # pm.Censored's entries are within 1%.
-        if vector or terms is not None and all(_entrywise(t, latents) for t in terms):
+        if terms is None:
+            shapes = None
+        elif vector:
+            shapes = [_shape(t, latents) for t in terms]
+        else:
+            shapes = [_entrywise(t, latents) for t in terms]  # None for a term that is not
+        if shapes is not None and all(s is not None for s in shapes):
             names = [out.name] if len(terms) == 1 else [f"{out.name}[{k}]" for k in range(len(terms))]
-            for term, term_name in zip(terms, names):
+            for term, term_name, shape in zip(terms, names, shapes):
                 rv = pm.CustomDist.dist(term, logp=_itself, class_name=f"Potential_{out.name}")
-                observed = model_observed_rv(rv, pt.as_tensor(np.zeros(_shape(term, latents))))
+                observed = model_observed_rv(rv, pt.as_tensor(np.zeros(shape)))
                 observed.name = term_name
                 fg.add_output(observed, import_missing=True)
             drop_outputs(fg, [out])
@@ -113,30 +119,30 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
     return model_from_fgraph(fg, mutate_fgraph=True), rewritten
 
 
-def _entrywise(term, latents) -> bool:
-    """Whether ``term`` is a vector of entries that each read the scalar ``latents`` only
-    through elementwise operations (and selections and broadcasts of them), so that each entry
-    is a factor of its own that the model walk decomposes."""
+def _entrywise(term, latents) -> tuple[int, ...] | None:
+    """The shape of ``term`` if it is a vector of entries that each read the scalar ``latents``
+    only through elementwise operations (and selections and broadcasts of them), so that each
+    entry is a factor of its own that the model walk decomposes; else None."""
     from pytensor.tensor.elemwise import DimShuffle, Elemwise
     from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1, Subtensor
 
     if term.ndim == 0:
-        return False
+        return None
     try:
         shape = _shape(term, latents)
     except Exception:  # noqa: BLE001 - a shape it cannot tell: one factor of the whole density
-        return False
+        return None
     if int(np.prod(shape)) < 2:
-        return False
+        return None
     allowed = (Elemwise, DimShuffle, Subtensor, AdvancedSubtensor, AdvancedSubtensor1)
     reads = set(latents)  # the variables that depend on a latent, filled in graph order
     for node in toposort([term]):
         if not any(i in reads for i in node.inputs):
             continue  # data: any operation
         if not isinstance(node.op, allowed):
-            return False
+            return None
         reads.update(node.outputs)
-    return True
+    return shape
 
 
 def _shape(term, latents) -> tuple[int, ...]:
