@@ -2508,14 +2508,15 @@ def _scale_posterior_on_grid(X, y, prior_sd, mult, grid, log_prior):
     return s_mean, np.sqrt(w @ (grid - s_mean) ** 2), b_mean, np.sqrt(b_var)
 
 
-@pytest.mark.parametrize("form", ["uniform", "weights"])
+@pytest.mark.parametrize("form", ["uniform", "weights", "variance"])
 def test_a_normal_scale_with_a_constant_factor_is_semi_analytic(form):
     """``sigma ~ pm.Uniform(0, 50)`` (Statistical Rethinking's habit: fitted as ``50 * u`` with
     a Beta ``u``) and weights ``s / np.sqrt(w)``: a latent scale times constants was no
     latent scale, and the Normal likelihood a 2-D quadrature factor (a cubic regression,
     N = 60: 43 s where NUTS took 6-19 s; robustness round 18). Divided through by the
     constants it is the semi-analytic factor. Against the exact posterior on a grid of the
-    scale (coefficients integrated out)."""
+    scale (coefficients integrated out). A latent variance, ``sigma=pm.math.sqrt(s2)`` with
+    ``s2 ~ pm.InverseGamma`` (robustness round 31), is the same factor with ``sd = s2 ** 0.5``."""
     rng = np.random.default_rng(17)
     x = rng.uniform(-2, 2, 40)
     X = np.column_stack([np.ones_like(x), x, x**2])
@@ -2527,15 +2528,21 @@ def test_a_normal_scale_with_a_constant_factor_is_semi_analytic(form):
         if form == "uniform":
             s = pm.Uniform("sigma", 0, 50)
             pm.Normal("y", pm.math.dot(X, b), s, observed=y)
+        elif form == "variance":
+            s2 = pm.InverseGamma("s2", 2, 1)
+            pm.Normal("y", pm.math.dot(X, b), pm.math.sqrt(s2), observed=y)
         else:
             s = pm.HalfNormal("sigma", 2)
             pm.Normal("y", pm.math.dot(X, b), s / np.sqrt(wts), observed=y)
     idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=2000, compute_log_likelihood=False)
     assert idata.ep.attrs["factor_methods"].endswith("y: semi-analytic") and idata.ep.attrs["converged"]
     grid = np.linspace(0.2, 1.5, 400)
-    log_prior = (lambda s: 0.0) if form == "uniform" else (lambda s: stats.halfnorm.logpdf(s, scale=2))
+    log_prior = {"uniform": lambda s: 0.0, "weights": lambda s: stats.halfnorm.logpdf(s, scale=2),
+                 # the density of sd = sqrt(s2): s2's, times the Jacobian 2 sd
+                 "variance": lambda s: stats.invgamma.logpdf(s**2, 2, scale=1) + np.log(2 * s)}[form]
     s_mean, s_sd, b_mean, b_sd = _scale_posterior_on_grid(X, y, [10, 10, 10], mult, grid, log_prior)
-    draws = idata.posterior["sigma"].values.ravel()
+    draws = idata.posterior["s2" if form == "variance" else "sigma"].values.ravel()
+    draws = np.sqrt(draws) if form == "variance" else draws
     assert abs(draws.mean() - s_mean) < 0.1 * s_sd and abs(draws.std() / s_sd - 1) < 0.1
     bd = idata.posterior["b"].values.reshape(-1, 3)
     assert np.all(np.abs(bd.mean(0) - b_mean) < 0.1 * b_sd) and np.all(np.abs(bd.std(0) / b_sd - 1) < 0.1)

@@ -125,7 +125,8 @@ def init(graph: FactorGraph, rng: np.random.Generator, n_init: int = 4000) -> tu
         if f.from_prior:
             # a Normal prior with a latent scale: start the residual's site at N(0, (2 E[sd])^2)
             q = f.inputs[1].family.from_natural(state.element_natural[f.inputs[1].variable][f.inputs[1].index])
-            sd = q.mean() if f.analytic == "normal-scale" else 1.0 / np.sqrt(q.mean())
+            sd = {"normal-scale": q.mean(), "normal-variance": np.sqrt(q.mean())}.get(
+                f.analytic, 1.0 / np.sqrt(q.mean()))
             sites[fi][0] = Gaussian(np.zeros(f.size), 4.0 * sd**2).natural
             state = _posterior(graph, prior, sites, jitter=True)
             continue

@@ -1,8 +1,8 @@
 """Semi-analytic tilted moments of a Normal factor with a latent scale or precision.
 
 For ``y ~ Normal(eta, sd(s))`` with a Gaussian cavity ``N(eta; m, v)`` on the mean and a
-Gamma cavity on ``s`` (the scale, ``sd = s``, or the precision, ``sd = s^-1/2``), the
-mean integrates out in closed form:
+Gamma cavity on ``s`` (the scale, ``sd = s``; the precision, ``sd = s^-1/2``; or the
+variance, ``sd = s^1/2``), the mean integrates out in closed form:
 
     integral N(y; eta, sd^2) N(eta; m, v) d eta = N(y; m, v + sd^2),
     eta | s  ~  N(m + v (y - m) / (v + sd^2),  v sd^2 / (v + sd^2)),
@@ -10,8 +10,8 @@ mean integrates out in closed form:
 so the two-dimensional tilted law needs only a one-dimensional integral over ``s``,
 done by the trapezoid rule in ``log s`` on a window of the cavity's log-space moments
 (the integrand is the Gamma cavity times a bounded smooth function of ``s``, so the rule
-converges geometrically). This covers Normal likelihoods with a latent ``sigma`` or
-``tau`` and Normal priors with a latent scale (``w ~ Normal(mu, s)``, the hierarchical
+converges geometrically). This covers Normal likelihoods with a latent ``sigma``, ``tau``
+or variance (``sigma=pm.math.sqrt(s2)``, ``s2 ~ pm.InverseGamma``) and Normal priors with a latent scale (``w ~ Normal(mu, s)``, the hierarchical
 scale), whose residual ``x - mu`` is the linear slot and whose "observation" is 0.
 """
 
@@ -26,6 +26,7 @@ from pmkjit.ep.methods import Answer
 
 __all__ = ["NormalScaleMethod"]
 
+_NOISE_POWER = {"scale": 2.0, "precision": -1.0, "variance": 1.0}  # sd^2 = s ** power
 _NODES = 401
 _HALF_WIDTH = 16.0  # cavity log-space standard deviations each side
 
@@ -42,13 +43,13 @@ class NormalScaleMethod:
 
     Parameters
     ----------
-    link : {"scale", "precision"}
-        ``sd = s`` or ``sd = s ** -0.5``.
+    link : {"scale", "precision", "variance"}
+        ``sd = s``, ``sd = s ** -0.5`` or ``sd = s ** 0.5``.
     """
 
     def __init__(self, link: str):
-        if link not in ("scale", "precision"):
-            raise ValueError(f"link must be 'scale' or 'precision', got {link!r}")
+        if link not in _NOISE_POWER:
+            raise ValueError(f"link must be one of {sorted(_NOISE_POWER)}, got {link!r}")
         self.link = link
         self.n_calls = 0
 
@@ -88,7 +89,7 @@ class NormalScaleMethod:
         coordinate and ``log_s`` the scale there; ``eta`` given each node is the Gaussian of
         the module's docstring, and its moments mix those over the weights.
         """
-        noise = np.exp(2.0 * log_s) if self.link == "scale" else np.exp(-log_s)
+        noise = np.exp(_NOISE_POWER[self.link] * log_s)
         total = v + noise
         with np.errstate(over="ignore", invalid="ignore"):
             logw = log_prior - 0.5 * np.log(total) - 0.5 * (y - m) ** 2 / total

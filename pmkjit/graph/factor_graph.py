@@ -156,8 +156,8 @@ class BlackBoxFactor:
         ``"abc-kernel"`` (a kernel on the distance to the observed value) or
         ``"deterministic"``.
     analytic : str, optional
-        ``"normal-scale"`` or ``"normal-precision"``: a Normal factor with a latent scale
-        (or precision) and a linear mean, whose tilted moments are semi-analytic;
+        ``"normal-scale"``, ``"normal-precision"`` or ``"normal-variance"``: a Normal factor
+        with a latent scale (or precision, or variance) and a linear mean, whose tilted moments are semi-analytic;
         ``"positive"``: the indicator ``1[d > 0]`` of its one linear slot (the order of an
         ordered vector), whose tilted moments are a truncated normal's.
     from_prior : bool

@@ -111,8 +111,11 @@ def affine_coefficients(
     except ValueError:
         return None
     c = values[0]
-    A = (values[1 : n_dims + 1] - c).T
-    check = points[-2:] @ A.T + c
+    with np.errstate(invalid="ignore", over="ignore"):
+        # (-inf - -inf: a potential's constraint, switch(mu[1] > mu[0], 0, -inf), is not
+        # affine, and is no reason to warn the user either)
+        A = (values[1 : n_dims + 1] - c).T
+        check = points[-2:] @ A.T + c
     scale = 1.0 + np.abs(values[-2:])
     # an expression computed in float32 (pytensor.config.floatX = "float32") rounds at
     # 6e-8 of its values: at 1e-8, a + b * x was not affine and an exact Normal likelihood
