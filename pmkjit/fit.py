@@ -281,7 +281,23 @@ def fit(
             # 50 sweeps and stopped 19 NUTS sds off; its quadrature oracle alone converges to
             # NUTS's posterior in 16 (continuing from where EP stopped, it had not in 50).
             finished = _oracle_finish(methods) if method == "kjit" and not run.converged else {}
-            if finished:
+            # Converged on operators' answers: where their oracle is exact and cheap and no
+            # store keeps the operators for later runs (whose point is to spare the oracle),
+            # EP goes on from that fixed point with the oracle alone. An operator's
+            # systematic error, small per message, adds up over the instances whose sites
+            # land on the same few latents: a logistic regression on 569 breast-cancer
+            # cases (5 coefficients) converged 0.29 posterior sd off where quadrature EP is
+            # within 0.06 (robustness round 31). From the operator's fixed point the oracle
+            # converges in a few sweeps.
+            polish = _oracle_finish(methods) if method == "kjit" and run.converged and store is None else {}
+            if polish:
+                methods = [polish.get(fi, m) for fi, m in enumerate(methods)]
+                finished = polish
+                more = schedule.run(graph, prior, run.state, methods, damping=run.step, adaptive=adaptive, tol=tol,
+                                    max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings,
+                                    first_sweep=run.sweeps + 1)
+                run = _after(run, more)
+            elif finished:
                 methods = [finished.get(fi, m) for fi, m in enumerate(methods)]
                 # (from the smallest step where the first run's updates were rejected, as the
                 # restart above; the oracle's run replaces the operator's even unconverged: its
@@ -507,7 +523,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         sub = np.random.default_rng(rng.integers(2**63 - 1))
         if f.analytic is not None:
             semi = (PositiveMethod() if f.analytic == "positive" else
-                    NormalScaleMethod("scale" if f.analytic == "normal-scale" else "precision"))
+                    NormalScaleMethod(f.analytic.removeprefix("normal-")))
             methods.append(semi)
             kjits.append(None)
             oracles.append(NoOracle("exact" if f.analytic == "positive" else "semi-analytic"))
