@@ -118,10 +118,14 @@ def test_inference_data_groups_coords_and_log_likelihood():
     assert idata.posterior.attrs["sampling_time"] > 0
 
 
-def test_ep_posterior_in_closed_form_and_sweep_callback():
+def test_ep_posterior_in_closed_form_and_sweep_callback(tmp_path):
     model, X, y = logistic_model(7, N=150)
     reports = []
-    idata = pmkjit.fit(model=model, random_seed=3, progressbar=False, draws=5000, callback=reports.append)
+    # (with a store, so that the operator answers to the end: without one, EP is finished by
+    # its quadrature oracle, whose sweeps report no operator variance)
+    idata = pmkjit.fit(model=model, random_seed=3, progressbar=False, draws=5000, callback=reports.append,
+                       operators=tmp_path)
+    assert idata.ep.attrs["finished_by_oracle"] == 0
     q = pmkjit.ep_posterior(idata)["w"]
     mean, sd = ep_moments(idata, "w")
     # the draws come from the closed form: agreement within Monte Carlo error (10,000 draws)

@@ -82,6 +82,7 @@ from pmkjit.graph.distributions import (
     has_point_masses,
     last_axis_columns,
     mixture_parts,
+    normal_autoregression,
     normal_walk,
     ordinal_parts,
     partial_observed,
@@ -322,7 +323,8 @@ class _Builder:
             transform = _default_transform(op, rv)
         tname = type(transform).__name__ if transform is not None else None
         if tname is None:
-            if getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV", "ICARRV") and not normal_walk(rv):
+            if (getattr(op, "ndim_supp", 0) == 1 and type(op).__name__ not in ("MvNormalRV", "ICARRV")
+                    and not normal_walk(rv) and not normal_autoregression(rv)):
                 hint = TIME_SERIES.get(type(op).__name__, ("", ""))[1]
                 raise UnsupportedModelError(
                     f"{name}: multivariate latent {distribution_label(op)} is not supported (only MvNormal){hint}"
@@ -608,6 +610,9 @@ class _Builder:
                 return
             if opname == "RandomWalkRV":
                 self._random_walk_prior(rv)
+                return
+            if opname == "AutoRegressiveRV":
+                self._autoregressive_prior(rv)
                 return
             if opname == "ZeroSumNormalRV":
                 self._zero_sum_prior(rv)
@@ -1187,6 +1192,63 @@ class _Builder:
                 f"posterior draws reweight {step} to the marginal the walk's Gaussian implies where the linear "
                 "algebra is cheap enough (ep.attrs['draws_given_scales'] == 'reweighted': see docs/ep.md), which "
                 "put it within 0.1 NUTS sd on reviewed models; check the others against pm.sample",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def _autoregressive_prior(self, rv) -> None:
+        """``pm.AR``: Normal factors on its first ``p`` values and on its innovations.
+
+        ``pm.AR("z", rho, sigma, init_dist=pm.Normal.dist(...), steps=T - p)`` is
+        ``z[..., :p] ~ init_dist`` and ``z[t] - rho[0] z[t - 1] - ... - rho[p - 1] z[t - p] ~
+        Normal(c, sigma)`` (``c = rho[0]`` and the lags from ``rho[1]`` with ``constant=True``):
+        with constant coefficients, Normal priors on rows of the joint Gaussian, like a
+        random walk's increments (exact with a constant ``sigma``, semi-analytic with a
+        latent one). Refused as "only MvNormal" before robustness round 31.
+        """
+        var = self.variables[rv.name]
+        D = self.graph.n_theta
+        rhos, sigma, init = rv.owner.inputs[0], rv.owner.inputs[1], rv.owner.inputs[2]
+        p, constant = int(rv.owner.op.ar_order), bool(rv.owner.op.constant_term)
+        rho = self._constant(rhos, rv.name)
+        if rho is None or np.ndim(rho) != 1:
+            raise UnsupportedModelError(
+                f"{rv.name}: a pm.AR needs constant coefficients rho, one vector for the whole series (a latent "
+                "rho makes its innovations products of latents); write the recursion elementwise, "
+                "pm.Normal('z_t', rho * z[:-1], sigma, observed=...) is for observed series only"
+            )
+        c, lags = (float(rho[0]), np.asarray(rho[1:], float)) if constant else (0.0, np.asarray(rho, float))
+        cols = var.offset + np.arange(var.size).reshape(var.shape)
+        T = var.shape[-1]
+        first = cols[..., :p].ravel()
+        now = np.moveaxis(cols[..., p:], -1, 0).reshape(T - p, -1)  # (T - p, batch), time first
+        R0 = np.zeros((first.size, D))
+        R0[np.arange(first.size), first] = 1.0
+        R1 = np.zeros((now.size, D))
+        rows = np.arange(now.size).reshape(now.shape)
+        R1[rows, now] = 1.0
+        for k in range(p):
+            lagged = np.moveaxis(cols[..., p - 1 - k : T - 1 - k], -1, 0).reshape(T - p, -1)
+            np.add.at(R1, (rows, lagged), -lags[k])
+        innovations = [pt.constant(c), lift_indexing(sigma)]
+        plan = ((dist_params(init), R0, "initial values", tuple(int(n) for n in evaluate_constant(init.shape))),
+                (innovations, R1, "innovations", (T - p,) + var.shape[:-1]))
+        for params, rows_, what, plate in plan:
+            params = [lift_indexing(q) for q in params]
+            label = f"{rv.name} ({what})"
+            if self._try_gaussian_term(rv, params, prior=True, rows=rows_, plate=plate, label=label):
+                continue
+            if not self._try_normal_scale(rv, params, prior=True, rows=rows_, plate=plate, label=label):
+                raise UnsupportedModelError(
+                    f"{rv.name}: the {what} of this pm.AR need a scale that is a constant or one positive latent "
+                    "(sigma or its precision) and a mean that is a constant"
+                )
+            step = self.graph.factors[-1].inputs[1].variable
+            warnings.warn(
+                f"{rv.name}: an autoregression with a latent innovation scale ({step}); EP's sites on its {what} "
+                f"ignore their correlation, so EP's own marginal of {step} is approximate, as for a random walk "
+                "with a latent step size (docs/ep.md); the posterior draws reweight it where the linear algebra is "
+                "cheap enough (ep.attrs['draws_given_scales'] == 'reweighted'); check against pm.sample",
                 UserWarning,
                 stacklevel=4,
             )

@@ -52,7 +52,10 @@ TIME_SERIES = {
         "pm.GaussianRandomWalk / pm.RandomWalk",
         "; Gaussian random walks (Normal initial value and Normal innovations) are supported",
     ),
-    "AutoRegressiveRV": ("pm.AR", ""),
+    "AutoRegressiveRV": (
+        "pm.AR",
+        "; autoregressions with constant coefficients and a Normal init_dist are supported",
+    ),
     "GARCH11RV": ("pm.GARCH11", ""),
     "EulerMaruyamaRV": ("pm.EulerMaruyama", ""),
 }
@@ -249,6 +252,15 @@ def normal_walk(rv: Variable) -> bool:
     if type(node.op).__name__ != "RandomWalkRV" or len(node.inputs) < 2:
         return False
     return all(d.owner is not None and type(d.owner.op).__name__ == "NormalRV" for d in node.inputs[:2])
+
+
+def normal_autoregression(rv: Variable) -> bool:
+    """Whether ``rv`` is a ``pm.AR`` with a Normal ``init_dist`` (its innovations are Normal)."""
+    node = rv.owner
+    if type(node.op).__name__ != "AutoRegressiveRV" or len(node.inputs) < 3:
+        return False
+    init = node.inputs[2]
+    return init.owner is not None and type(init.owner.op).__name__ == "NormalRV"
 
 
 def partial_observed(rv: Variable) -> tuple[Variable, np.ndarray] | None:
