@@ -72,7 +72,7 @@ def main(out: Path, seed: int = 2026) -> None:
     print(f"sd_EP / sd_NUTS: min {ratio.min():.3f}, max {ratio.max():.3f}")
     print(f"EP: {stats['sweeps']} sweeps, converged={bool(stats['converged'])}, "
           f"{int(ep.ep['oracle_calls'].sum())} oracle calls, "
-          f"{int(ep.ep['kjit_predictions'].sum())} KJIT predictions")
+          f"{int(ep.ep['kjit_predictions'].sum())} KJIT predictions ({stats['factor_methods']})")
     print(f"wall time: EP {t_ep:.1f} s, NUTS {t_nuts:.1f} s (including PyMC's compilation)")
 
     az.plot_forest([ep, nuts], model_names=["EP (pmkjit)", "NUTS"], var_names=names, combined=True,

@@ -2310,14 +2310,15 @@ def test_a_non_centred_effect_also_read_by_a_deterministic_is_centred(form):
     assert 0.5 < float(post["z"].std()) < 1.5
 
 
-def test_a_kjit_operator_fitted_on_vague_prior_cavities_is_spot_checked_and_distrusted():
+def test_a_kjit_operator_fitted_on_vague_prior_cavities_is_spot_checked_and_distrusted(tmp_path):
     """Coefficients with ``Normal(0, 100)`` priors: the operator's first fit saw the first
     sweep's cavities (sds of about 100), its kernel widths followed, and every later, narrow
     cavity looked familiar to it. It trusted its predictions from the fifth sweep on, with
     errors 3-10 times what it accepts, and EP "converged" with ``b`` 3.9 NUTS sds off and
     sds 1.3-1.4 times too large (robustness round 18). The oracle now checks a few of the
     trusted predictions every sweep and answers the batch where they are wrong. Against the
-    dense grid posterior."""
+    dense grid posterior. (With a store, whose operator answers to the end: without one, EP
+    is finished by the quadrature oracle, which would hide what the checks do.)"""
     rng = np.random.default_rng(11)
     x = rng.normal(size=60)
     y = rng.binomial(1, 1 / (1 + np.exp(-(0.5 + 1.5 * x))))
@@ -2325,7 +2326,8 @@ def test_a_kjit_operator_fitted_on_vague_prior_cavities_is_spot_checked_and_dist
         a = pm.Normal("a", 0, 100)
         b = pm.Normal("b", 0, 100)
         pm.Bernoulli("y", logit_p=a + b * x, observed=y)
-    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, compute_log_likelihood=False)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, compute_log_likelihood=False,
+                       operators=tmp_path)
     assert idata.ep.attrs["converged"] and idata.ep.attrs["factor_methods"] == "y: kjit (quadrature oracle)"
     assert int(idata.ep.kjit_distrusted.sum()) >= 1
     ga, gb = np.linspace(-1.5, 2.5, 401)[:, None], np.linspace(-0.5, 4.5, 501)[None, :]

@@ -39,7 +39,7 @@ __all__ = ["ConditionalDraws", "conditional_draws"]
 _OVERSAMPLE = 4  # proposals per kept draw: resampling n of 4n weighted draws repeats few of them
 _TEMPER = 0.5  # proposals of the scales from about q ** 0.5: twice the variance (see _proposal)
 _NEAR_ZERO = 0.2  # share of the proposals from the component that is heavy near 0 (see _proposal)
-_HEAVY, _HEAVY_DOF, _HEAVY_WIDTH = 0.1, 3.0, 1.5  # the defensive component (see _draw_proposal)
+_HEAVY, _HEAVY_DOF, _HEAVY_WIDTH, _HEAVY_CLIP = 0.1, 3.0, 1.5, 8.0  # the defensive component (see _draw_proposal)
 _MAX_WORK = 1e10  # flops of the draws' linear algebra: about 2 s on one core
 _MAX_WORK_GIVEN = 2e10  # ... and of draws given EP's scale marginals, one Cholesky per draw (about 5 s)
 _MAX_FLOATS = 2**25  # memory for the per-element (D, D) blocks
@@ -269,14 +269,19 @@ def _draw_proposal(fam, body: np.ndarray, near_zero: np.ndarray, M: int,
     x = np.where(swap, second.sample(rng, M).reshape(M, -1), x)
     centre, var = first.unconstrained_moments()
     width = _HEAVY_WIDTH * np.sqrt(var)
-    # clipped at 50 widths so that exp(u) stays finite: the mass beyond is 1e-5 of the component's
-    t = np.clip(rng.standard_t(_HEAVY_DOF, x.shape), -50.0, 50.0)
+    # truncated at _HEAVY_CLIP widths (drawn by the inverse CDF, its density renormalised):
+    # scales e^-37 times the body's, as an untruncated draw gave, made the conditional
+    # precisions singular and cost the whole reweighting (the gallery's non-centred model)
+    edge = stats.t.cdf(-_HEAVY_CLIP, _HEAVY_DOF)
+    t = stats.t.ppf(edge + (1.0 - 2.0 * edge) * rng.random(x.shape), _HEAVY_DOF)
     x = np.where(rng.random(x.shape) < _HEAVY, fam.from_unconstrained(centre + width * t), x)
     with np.errstate(divide="ignore"):
         log_q = np.logaddexp(np.log1p(-_NEAR_ZERO) + first.logpdf(x), np.log(_NEAR_ZERO) + second.logpdf(x))
         log_q = np.where(mixed, log_q, first.logpdf(x))
         u = fam.to_unconstrained(x)
-    log_heavy = stats.t.logpdf(u, _HEAVY_DOF, loc=centre, scale=width) - fam.log_abs_det_jacobian(u)
+    inside = np.abs(u - centre) <= _HEAVY_CLIP * width
+    log_heavy = np.where(inside, stats.t.logpdf(u, _HEAVY_DOF, loc=centre, scale=width) - np.log1p(-2.0 * edge)
+                         - fam.log_abs_det_jacobian(u), -np.inf)
     return x, np.logaddexp(np.log1p(-_HEAVY) + log_q, np.log(_HEAVY) + log_heavy)
 
 
