@@ -95,7 +95,11 @@ def fit(
     method : {"kjit", "oracle", "quadrature"}
         Tilted moments of black-box factors: a KJIT operator in front of an oracle
         (default), the oracle alone (importance sampling), or quadrature (one or two
-        latent variables per factor only).
+        latent variables per factor only). Without ``operators``, EP that converged on
+        operators in front of quadrature or the grid goes on from there with that oracle
+        alone, within ``max_sweeps`` (``", finished by its oracle"`` in
+        ``ep.attrs["factor_methods"]``): an operator's small per-message error adds up over
+        a plate's instances, and its answers are not kept anyway.
     oracle : {"auto", "quadrature", "importance"}
         The oracle behind KJIT operators; ``"auto"`` uses quadrature where a factor
         allows it and importance sampling elsewhere, and lets quadrature answer
@@ -107,7 +111,8 @@ def fit(
     operators : str or os.PathLike, optional
         Directory of learned KJIT operators (created if missing; it must be writable):
         operators found there are loaded (so a second fit of a similar model needs few
-        or no oracle calls) and all operators are written back after the fit. See
+        or no oracle calls) and all operators are written back after the fit; the
+        operators' own fixed point is then kept (no finish by the oracle). See
         :class:`pmkjit.ep.OperatorStore`.
     damping : "auto" or float in (0, 1]
         Weight of new sites in each EP update. ``"auto"`` starts undamped and halves
@@ -288,15 +293,16 @@ def fit(
             # land on the same few latents: a logistic regression on 569 breast-cancer
             # cases (5 coefficients) converged 0.29 posterior sd off where quadrature EP is
             # within 0.06 (robustness round 31). From the operator's fixed point the oracle
-            # converges in a few sweeps.
+            # converges in a few sweeps, within what is left of max_sweeps; a finish that does
+            # not converge there (or has an update rejected) leaves the operator's fit as it was.
             polish = _oracle_finish(methods) if method == "kjit" and run.converged and store is None else {}
-            if polish:
-                methods = [polish.get(fi, m) for fi, m in enumerate(methods)]
-                finished = polish
-                more = schedule.run(graph, prior, run.state, methods, damping=run.step, adaptive=adaptive, tol=tol,
-                                    max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings,
-                                    first_sweep=run.sweeps + 1)
-                run = _after(run, more)
+            if polish and max_sweeps > run.sweeps:
+                polished = [polish.get(fi, m) for fi, m in enumerate(methods)]
+                more = schedule.run(graph, prior, run.state, polished, damping=run.step, adaptive=adaptive, tol=tol,
+                                    max_sweeps=max_sweeps - run.sweeps, callback=callback, advance=advance,
+                                    timings=timings, first_sweep=run.sweeps + 1)
+                if more.converged and not more.rejected:
+                    methods, finished, run = polished, polish, _after(run, more)
             elif finished:
                 methods = [finished.get(fi, m) for fi, m in enumerate(methods)]
                 # (from the smallest step where the first run's updates were rejected, as the

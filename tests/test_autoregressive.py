@@ -34,13 +34,31 @@ def test_a_latent_ar_with_a_gaussian_likelihood_is_exact_against_pymcs_own_densi
     np.testing.assert_allclose(cov @ H, np.eye(T + 1), atol=1e-6)
 
 
+def test_a_batch_of_series_with_their_own_coefficients_is_exact_against_pymcs_own_density():
+    # shape (3, T) with rho (3, 2): each series its own AR(2) coefficients (refused before, with
+    # a message that called the constant rho latent), and a per-series init mean
+    rng = np.random.default_rng(2)
+    T = 9
+    y = rng.normal(0.0, 1.0, (3, T))
+    rho = np.array([[0.5, 0.1], [0.3, -0.2], [-0.4, 0.2]])
+    with pm.Model() as model:
+        z = pm.AR("z", rho=rho, sigma=np.array([0.5, 0.8, 1.1]), init_dist=pm.Normal.dist([[0.0], [0.5], [-0.5]], 0.7),
+                  ar_order=2, shape=(3, T))
+        pm.Normal("y", z, 0.4, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=50, compute_log_likelihood=False)
+    mean, cov = idata.ep["gaussian_mean"].values, idata.ep["gaussian_cov"].values
+    point = {"z": mean.reshape(3, T)}
+    np.testing.assert_allclose(model.compile_dlogp(vars=[z])(point), 0.0, atol=1e-6)
+    np.testing.assert_allclose(cov @ np.asarray(model.compile_d2logp(vars=[z])(point)), np.eye(3 * T), atol=1e-6)
+
+
 def test_a_latent_ar_with_a_latent_scale_is_semi_analytic_and_a_latent_rho_is_refused():
     y = np.random.default_rng(1).poisson(3.0, 20)
     with pm.Model() as scale:
         s = pm.HalfNormal("s", 1)
         z = pm.AR("z", rho=[0.7], sigma=s, init_dist=pm.Normal.dist(0, 1), steps=19)
         pm.Normal("y", z, 1.0, observed=y)
-    with pytest.warns(UserWarning, match="z: an autoregression with a latent innovation scale"):
+    with pytest.warns(UserWarning, match=r"z: an autoregression with a latent scale \(s\) on its innovations"):
         idata = pmkjit.fit(model=scale, random_seed=1, progressbar=False, draws=50)
     assert "z (innovations): semi-analytic" in idata.ep.attrs["factor_methods"]
     with pm.Model() as latent_rho:

@@ -156,7 +156,7 @@ def test_the_defensive_proposal_is_a_normalised_density_that_covers_a_polynomial
     # e^-37 times the body's, a conditional precision was singular and the reweighting lost)
     rng = np.random.default_rng(5)
     x = rng.normal(size=60)
-    rng.choice(60, 8, replace=False)
+    rng.choice(60, 8, replace=False)  # (the gallery's draw of its missing entries: the same data)
     g = rng.integers(0, 5, 60)
     y = rng.normal(size=5)[g] + 0.5 * x + 0.6 * rng.normal(size=60)
     with pm.Model(coords={"group": range(5)}) as model:

@@ -243,7 +243,7 @@ def test_a_bayesian_lasso_with_a_latent_noise_keeps_its_one_site():
     idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=1000)
     methods = idata.ep.attrs["factor_methods"]
     # the first sweep, before the likelihood has sites, is instance by instance by design
-    assert "beta: collapsed prior;" in methods or "beta: collapsed prior (1 sweeps" in methods, methods
+    assert "beta: collapsed prior;" in methods or "beta: collapsed prior (1 sweep " in methods, methods
     with model:
         ref = pm.sample(1000, tune=1000, chains=2, cores=1, random_seed=1, progressbar=False,
                         compute_convergence_checks=False)

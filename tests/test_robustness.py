@@ -2925,8 +2925,8 @@ def test_a_one_site_factor_that_ended_instance_by_instance_is_warned_about():
     refused = SimpleNamespace(collapsed=True, ended_refused=True,
                               kind="collapsed prior (24 sweeps instance by instance)")
     held = SimpleNamespace(collapsed=True, ended_refused=False,
-                           kind="one site per likelihood (1 sweeps instance by instance)")
-    with pytest.warns(UserWarning, match=r"^theta: EP fits this prior with one site \(collapsed prior \(24 sweeps"):
+                           kind="one site per likelihood (1 sweep instance by instance)")
+    with pytest.warns(UserWarning, match=r"^theta: EP fits this prior with one site: collapsed prior \(24 sweeps"):
         warn_one_site_refused(graph, [refused, held])
     with warnings.catch_warnings():
         warnings.simplefilter("error")

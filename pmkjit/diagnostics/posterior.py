@@ -41,7 +41,7 @@ def warn_one_site_refused(graph, methods: Sequence) -> None:
         if not getattr(m, "collapsed", False) or not m.ended_refused:
             continue
         warnings.warn(
-            f"{f.name}: EP fits this {'prior' if f.kind == 'prior' else 'likelihood'} with one site ({m.kind}), "
+            f"{f.name}: EP fits this {'prior' if f.kind == 'prior' else 'likelihood'} with one site: {m.kind}; "
             "but its law was not held by its grid in the last sweeps, so its sites are its instances' own, "
             "which leave out the correlation of the latents they share: posterior means and sds may be far off (a hierarchical "
             "Beta prior with a heavy-tailed concentration: 60 times NUTS's mean). A posterior with a tail no "

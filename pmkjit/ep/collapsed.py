@@ -262,7 +262,8 @@ class OneSite:
     @property
     def kind(self) -> str:
         if self.n_per_instance_sweeps:
-            return f"{self._kind} ({self.n_per_instance_sweeps} sweeps instance by instance)"
+            n = self.n_per_instance_sweeps
+            return f"{self._kind} ({n} sweep{'s' if n != 1 else ''} instance by instance)"
         return self._kind
 
     @property

@@ -260,7 +260,8 @@ def _draw_proposal(fam, body: np.ndarray, near_zero: np.ndarray, M: int,
     target with its density, so the target's upper tail is polynomial, where a Gamma's is
     exponential: the weights had no bound (five groups under an InverseGamma(2, 1)
     variance: Pareto k above 0.7, the draws left at EP's marginals; robustness round 31).
-    In ``log s`` a Student-t's tails are heavier than any power of ``s``.
+    In ``log s`` a Student-t's tails are heavier than any power of ``s``; it is truncated at
+    ``_HEAVY_CLIP`` widths (12 body sds), beyond which the target's mass is negligible.
     """
     first, second = fam.from_natural(body), fam.from_natural(near_zero)
     x = first.sample(rng, M).reshape(M, -1)
@@ -275,13 +276,14 @@ def _draw_proposal(fam, body: np.ndarray, near_zero: np.ndarray, M: int,
     edge = stats.t.cdf(-_HEAVY_CLIP, _HEAVY_DOF)
     t = stats.t.ppf(edge + (1.0 - 2.0 * edge) * rng.random(x.shape), _HEAVY_DOF)
     x = np.where(rng.random(x.shape) < _HEAVY, fam.from_unconstrained(centre + width * t), x)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         log_q = np.logaddexp(np.log1p(-_NEAR_ZERO) + first.logpdf(x), np.log(_NEAR_ZERO) + second.logpdf(x))
         log_q = np.where(mixed, log_q, first.logpdf(x))
         u = fam.to_unconstrained(x)
-    inside = np.abs(u - centre) <= _HEAVY_CLIP * width
-    log_heavy = np.where(inside, stats.t.logpdf(u, _HEAVY_DOF, loc=centre, scale=width) - np.log1p(-2.0 * edge)
-                         - fam.log_abs_det_jacobian(u), -np.inf)
+        # (a Beta draw that rounds to 1 has u = inf: outside, no weight)
+        inside = np.abs(u - centre) <= _HEAVY_CLIP * width
+        log_heavy = np.where(inside, stats.t.logpdf(u, _HEAVY_DOF, loc=centre, scale=width) - np.log1p(-2.0 * edge)
+                             - fam.log_abs_det_jacobian(u), -np.inf)
     return x, np.logaddexp(np.log1p(-_HEAVY) + log_q, np.log(_HEAVY) + log_heavy)
 
 

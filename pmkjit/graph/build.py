@@ -1101,7 +1101,7 @@ class _Builder:
         return True
 
     def _try_normal_scale(self, rv, params, *, prior: bool, y=None, rows=None, plate=None, label=None) -> bool:
-        """Normal with an affine mean and a latent Gamma-family scale or precision.
+        """Normal with an affine mean and a latent Gamma- or Beta-family scale, precision or variance.
 
         ``rows``, ``plate`` and ``label`` as for :meth:`_try_gaussian_term`.
         """
@@ -1182,7 +1182,7 @@ class _Builder:
             if not self._try_normal_scale(rv, params, prior=True, rows=rows, plate=plate, label=label):
                 raise UnsupportedModelError(
                     f"{rv.name}: the {what} of this Gaussian random walk need a scale that is a constant or one "
-                    "positive latent (sigma or its precision) and a mean affine in the real-valued latents"
+                    "positive latent (sigma, its precision or its variance) and a mean affine in the real-valued latents"
                 )
             step = self.graph.factors[-1].inputs[1].variable
             warnings.warn(
@@ -1202,7 +1202,8 @@ class _Builder:
         ``pm.AR("z", rho, sigma, init_dist=pm.Normal.dist(...), steps=T - p)`` is
         ``z[..., :p] ~ init_dist`` and ``z[t] - rho[0] z[t - 1] - ... - rho[p - 1] z[t - p] ~
         Normal(c, sigma)`` (``c = rho[0]`` and the lags from ``rho[1]`` with ``constant=True``):
-        with constant coefficients, Normal priors on rows of the joint Gaussian, like a
+        with constant coefficients (one vector, or one per series of a batch of series),
+        Normal priors on rows of the joint Gaussian, like a
         random walk's increments (exact with a constant ``sigma``, semi-analytic with a
         latent one). Refused as "only MvNormal" before robustness round 31.
         """
@@ -1211,13 +1212,22 @@ class _Builder:
         rhos, sigma, init = rv.owner.inputs[0], rv.owner.inputs[1], rv.owner.inputs[2]
         p, constant = int(rv.owner.op.ar_order), bool(rv.owner.op.constant_term)
         rho = self._constant(rhos, rv.name)
-        if rho is None or np.ndim(rho) != 1:
+        batch = var.shape[:-1]
+        try:
+            # one coefficient vector per series: (..., p) broadcast over the series' batch axes
+            rho = None if rho is None else np.broadcast_to(np.asarray(rho, float), batch + (p + constant,))
+        except ValueError:
             raise UnsupportedModelError(
-                f"{rv.name}: a pm.AR needs constant coefficients rho, one vector for the whole series (a latent "
-                "rho makes its innovations products of latents); write the recursion elementwise, "
-                "pm.Normal('z_t', rho * z[:-1], sigma, observed=...) is for observed series only"
+                f"{rv.name}: a pm.AR whose rho of shape {np.shape(rho)} does not broadcast to its series' "
+                f"batch shape {batch} with {p + constant} coefficients"
+            ) from None
+        if rho is None:
+            raise UnsupportedModelError(
+                f"{rv.name}: a pm.AR needs constant coefficients rho (a latent rho makes its innovations "
+                "products of latents, which EP's Gaussian factors cannot hold); fix rho, or compare with pm.sample"
             )
-        c, lags = (float(rho[0]), np.asarray(rho[1:], float)) if constant else (0.0, np.asarray(rho, float))
+        rho = rho.reshape(-1, p + constant)  # (series, coefficients)
+        c, lags = (rho[:, 0], rho[:, 1:]) if constant else (np.zeros(rho.shape[0]), rho)
         cols = var.offset + np.arange(var.size).reshape(var.shape)
         T = var.shape[-1]
         first = cols[..., :p].ravel()
@@ -1229,8 +1239,8 @@ class _Builder:
         R1[rows, now] = 1.0
         for k in range(p):
             lagged = np.moveaxis(cols[..., p - 1 - k : T - 1 - k], -1, 0).reshape(T - p, -1)
-            np.add.at(R1, (rows, lagged), -lags[k])
-        innovations = [pt.constant(c), lift_indexing(sigma)]
+            np.add.at(R1, (rows, lagged), -lags[None, :, k])
+        innovations = [pt.constant(np.broadcast_to(c, (T - p, c.size)).reshape((T - p,) + batch)), lift_indexing(sigma)]
         plan = ((dist_params(init), R0, "initial values", tuple(int(n) for n in evaluate_constant(init.shape))),
                 (innovations, R1, "innovations", (T - p,) + var.shape[:-1]))
         for params, rows_, what, plate in plan:
@@ -1241,11 +1251,11 @@ class _Builder:
             if not self._try_normal_scale(rv, params, prior=True, rows=rows_, plate=plate, label=label):
                 raise UnsupportedModelError(
                     f"{rv.name}: the {what} of this pm.AR need a scale that is a constant or one positive latent "
-                    "(sigma or its precision) and a mean that is a constant"
+                    "(sigma, its precision or its variance) and a mean affine in the real-valued latents"
                 )
             step = self.graph.factors[-1].inputs[1].variable
             warnings.warn(
-                f"{rv.name}: an autoregression with a latent innovation scale ({step}); EP's sites on its {what} "
+                f"{rv.name}: an autoregression with a latent scale ({step}) on its {what}; EP's sites on them "
                 f"ignore their correlation, so EP's own marginal of {step} is approximate, as for a random walk "
                 "with a latent step size (docs/ep.md); the posterior draws reweight it where the linear algebra is "
                 "cheap enough (ep.attrs['draws_given_scales'] == 'reweighted'); check against pm.sample",
