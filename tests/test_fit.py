@@ -224,6 +224,11 @@ def test_kjit_that_converges_is_finished_by_its_quadrature_oracle_without_a_stor
     # with a store the operators are what the fit is for (later fits spare the oracle): kept
     stored = pmkjit.fit(model=model(), operators=tmp_path, **kw)
     assert stored.ep.attrs["factor_methods"].endswith("y: kjit (quadrature oracle)")
+    # the finish runs within max_sweeps: none left after the operator's sweeps, none run
+    budget = stored.ep.attrs["sweeps"]
+    assert idata.ep.attrs["sweeps"] > budget
+    capped = pmkjit.fit(model=model(), max_sweeps=budget, **kw)
+    assert capped.ep.attrs["sweeps"] == budget and capped.ep.attrs["finished_by_oracle"] == 0
 
 
 def test_same_seed_same_result():
