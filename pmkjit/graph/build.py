@@ -1176,15 +1176,9 @@ class _Builder:
         for dist, rows, what in ((init, R0, "initial value"), (innovations, R1, "increments")):
             params = [lift_indexing(p) for p in dist_params(dist)]
             plate = tuple(int(n) for n in evaluate_constant(dist.shape))
-            label = f"{rv.name} ({what})"
-            if self._try_gaussian_term(rv, params, prior=True, rows=rows, plate=plate, label=label):
+            step = self._normal_rows(rv, params, rows, plate, what, "Gaussian random walk")
+            if step is None:
                 continue
-            if not self._try_normal_scale(rv, params, prior=True, rows=rows, plate=plate, label=label):
-                raise UnsupportedModelError(
-                    f"{rv.name}: the {what} of this Gaussian random walk need a scale that is a constant or one "
-                    "positive latent (sigma, its precision or its variance) and a mean affine in the real-valued latents"
-                )
-            step = self.graph.factors[-1].inputs[1].variable
             warnings.warn(
                 f"{rv.name}: a Gaussian random walk with a latent step size ({step}); EP's sites on its {what} "
                 f"ignore their correlation, so EP's own marginal of {step} is approximate (on reviewed models 0.25 "
@@ -1195,6 +1189,20 @@ class _Builder:
                 UserWarning,
                 stacklevel=4,
             )
+
+    def _normal_rows(self, rv, params, rows, plate, what: str, kind: str) -> str | None:
+        """A Normal prior ``params`` on ``rows`` of the joint Gaussian (a series' initial values or
+        increments): an exact term with a constant scale, else the semi-analytic factor, whose
+        latent scale's name is returned (None for an exact term); refused naming ``what``."""
+        label = f"{rv.name} ({what})"
+        if self._try_gaussian_term(rv, params, prior=True, rows=rows, plate=plate, label=label):
+            return None
+        if not self._try_normal_scale(rv, params, prior=True, rows=rows, plate=plate, label=label):
+            raise UnsupportedModelError(
+                f"{rv.name}: the {what} of this {kind} need a scale that is a constant or one positive latent "
+                "(sigma, its precision or its variance) and a mean affine in the real-valued latents"
+            )
+        return self.graph.factors[-1].inputs[1].variable
 
     def _autoregressive_prior(self, rv) -> None:
         """``pm.AR``: Normal factors on its first ``p`` values and on its innovations.
@@ -1244,16 +1252,9 @@ class _Builder:
         plan = ((dist_params(init), R0, "initial values", tuple(int(n) for n in evaluate_constant(init.shape))),
                 (innovations, R1, "innovations", (T - p,) + var.shape[:-1]))
         for params, rows_, what, plate in plan:
-            params = [lift_indexing(q) for q in params]
-            label = f"{rv.name} ({what})"
-            if self._try_gaussian_term(rv, params, prior=True, rows=rows_, plate=plate, label=label):
+            step = self._normal_rows(rv, [lift_indexing(q) for q in params], rows_, plate, what, "pm.AR")
+            if step is None:
                 continue
-            if not self._try_normal_scale(rv, params, prior=True, rows=rows_, plate=plate, label=label):
-                raise UnsupportedModelError(
-                    f"{rv.name}: the {what} of this pm.AR need a scale that is a constant or one positive latent "
-                    "(sigma, its precision or its variance) and a mean affine in the real-valued latents"
-                )
-            step = self.graph.factors[-1].inputs[1].variable
             warnings.warn(
                 f"{rv.name}: an autoregression with a latent scale ({step}) on its {what}; EP's sites on them "
                 f"ignore their correlation, so EP's own marginal of {step} is approximate, as for a random walk "
