@@ -259,7 +259,7 @@ def test_one_scale_eigendecomposition_equals_a_cholesky_per_draw():
     # one scale element: P_j = P_ref + (w_j - w_ref) G in one eigenbasis, O(D^2) per draw;
     # the general path (a Cholesky per draw) must give the same log Z and the same law
     graph, state = _fitted_graph_and_state(_hierarchy(non_centred=False)[0])
-    factors = [(fi, f) for fi, f in enumerate(graph.factors) if f.analytic in conditional._SEMI_ANALYTIC]
+    factors = [(fi, f) for fi, f in enumerate(graph.factors) if f.analytic in conditional.SEMI_ANALYTIC]
     columns = conditional._columns(factors)
     assert len(columns) == 1
     one = conditional._Conditional(graph, state, factors, columns)

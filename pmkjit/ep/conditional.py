@@ -32,6 +32,7 @@ import numpy as np
 from scipy import stats
 from scipy.linalg import eigh, solve_triangular  # batched since SciPy 1.15
 
+from pmkjit.ep.normal_scale import SEMI_ANALYTIC, noise_power
 from pmkjit.graph.factor_graph import ElementSlot, FactorGraph
 
 __all__ = ["ConditionalDraws", "conditional_draws"]
@@ -47,8 +48,6 @@ _CHUNK_FLOATS = 2**20  # one chunk of proposals' (D, D) precisions: 8 MB, so it 
 _MAX_PARETO_K = 0.7  # beyond this the importance weights are unreliable (Vehtari et al. 2024)
 _MAX_WEIGHT_RATIO = 10.0  # ... unless no weight exceeds 10 times their mean (see conditional_draws)
 _MAX_COLUMNS = 16  # scale elements the weights can reweight jointly
-_SEMI_ANALYTIC = ("normal-scale", "normal-precision", "normal-variance")
-_PRECISION_POWER = {"normal-scale": -2.0, "normal-precision": 1.0, "normal-variance": -1.0}  # w = s ** power
 
 
 @dataclass
@@ -145,7 +144,7 @@ class _Conditional:
         """``(M, E)``: the precision ``w_e`` of each column at each draw of the scales."""
         cols = [scales[name][:, element] for name, element, _ in self.columns]
         s = np.stack(cols, axis=1)
-        return s ** np.array([_PRECISION_POWER[analytic] for _, _, analytic in self.columns])
+        return s ** -np.array([noise_power(analytic) for _, _, analytic in self.columns])  # 1 / sd^2
 
     # ---------------------------------------------------------------- one column
     def _eigen(self, W: np.ndarray):
@@ -315,7 +314,7 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         not positive definite (a site of another factor with negative precision can leave
         one so).
     """
-    factors = [(fi, f) for fi, f in enumerate(graph.factors) if f.analytic in _SEMI_ANALYTIC]
+    factors = [(fi, f) for fi, f in enumerate(graph.factors) if f.analytic in SEMI_ANALYTIC]
     D, M = graph.n_theta, _OVERSAMPLE * n
     if not factors or D == 0:
         return None

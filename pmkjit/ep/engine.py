@@ -28,6 +28,7 @@ from scipy import linalg
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.families import Gaussian, PointMass
 from pmkjit.ep.joint import joint_update
+from pmkjit.ep.normal_scale import noise_power
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, FactorGraph, LinearSlot
 
 __all__ = ["EPState", "EPInfo", "init", "sweep", "combine", "posterior_moments"]
@@ -125,8 +126,7 @@ def init(graph: FactorGraph, rng: np.random.Generator, n_init: int = 4000) -> tu
         if f.from_prior:
             # a Normal prior with a latent scale: start the residual's site at N(0, (2 E[sd])^2)
             q = f.inputs[1].family.from_natural(state.element_natural[f.inputs[1].variable][f.inputs[1].index])
-            sd = {"normal-scale": q.mean(), "normal-variance": np.sqrt(q.mean())}.get(
-                f.analytic, 1.0 / np.sqrt(q.mean()))
+            sd = q.mean() ** (0.5 * noise_power(f.analytic))
             sites[fi][0] = Gaussian(np.zeros(f.size), 4.0 * sd**2).natural
             state = _posterior(graph, prior, sites, jitter=True)
             continue

@@ -24,9 +24,17 @@ import numpy as np
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.ep.methods import Answer
 
-__all__ = ["NormalScaleMethod"]
+__all__ = ["NormalScaleMethod", "SEMI_ANALYTIC", "noise_power"]
 
 _NOISE_POWER = {"scale": 2.0, "precision": -1.0, "variance": 1.0}  # sd^2 = s ** power
+# the factors' ``analytic`` names (pmkjit.graph.factor_graph.BlackBoxFactor), one per link
+SEMI_ANALYTIC = tuple(f"normal-{link}" for link in _NOISE_POWER)
+
+
+def noise_power(analytic: str) -> float:
+    """``p`` with the Normal's variance ``sd^2 = s ** p`` for a factor's ``analytic`` name
+    (``"normal-scale"``: 2, ``"normal-precision"``: -1, ``"normal-variance"``: 1)."""
+    return _NOISE_POWER[analytic.removeprefix("normal-")]
 _NODES = 401
 _HALF_WIDTH = 16.0  # cavity log-space standard deviations each side
 
