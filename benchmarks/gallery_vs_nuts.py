@@ -18,7 +18,9 @@ two-component mixtures, the last with Dirichlet weights, the Beta-weighted one a
 N = 500, and a three-component one with a latent sd per component); then likelihoods with
 three or four latent parameters, answered by the Gauss-Hermite grid oracle (a Student-t
 regression with a latent ``nu``, and BEST; ``--no-grid`` answers them by importance
-sampling instead, as before that oracle). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
+sampling instead, as before that oracle); then multivariate likelihoods of a few latent
+scalars, one factor each (``pmkjit.graph.multivariate``: a Gaussian process's marginal
+likelihood, a bivariate Student-t, a Dirichlet-multinomial and an observed AR(1)). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
 2,500 draws: with 2 x 1,000 the reference's own error reached 0.2 sd in sds of group scales)
 and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
@@ -427,6 +429,54 @@ def best(seed):
     return m
 
 
+def gp_marginal(seed):
+    """A Gaussian process's marginal likelihood on 40 inputs: latent length scale, amplitude, noise."""
+    rng = np.random.default_rng(seed)
+    X = np.sort(rng.uniform(0, 10, 40))[:, None]
+    y = np.sin(X[:, 0]) + 0.3 * rng.normal(size=40)
+    with pm.Model() as m:
+        ls = pm.InverseGamma("ls", 3, 5)
+        eta = pm.HalfNormal("eta", 2)
+        gp = pm.gp.Marginal(cov_func=eta**2 * pm.gp.cov.Matern52(1, ls=ls))
+        gp.marginal_likelihood("y", X=X, y=y, sigma=pm.HalfNormal("sigma", 1))
+    return m
+
+
+def mv_student_t(seed):
+    """60 bivariate Student-t rows with a constant scale matrix, latent location and nu."""
+    rng = np.random.default_rng(seed)
+    scale = np.array([[1.0, 0.5], [0.5, 1.0]])
+    y = rng.multivariate_normal([1, -1], scale, 60) / np.sqrt(rng.gamma(2.5, 1 / 2.5, 60))[:, None]
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0, 5, shape=2)
+        pm.MvStudentT("y", nu=pm.Gamma("nu", 2, 0.1), mu=mu, scale=scale, observed=y)
+    return m
+
+
+def dirichlet_multinomial(seed):
+    """30 rows of counts over three categories: DirichletMultinomial(n, conc * frac)."""
+    rng = np.random.default_rng(seed)
+    n = rng.integers(20, 50, 30)
+    p = rng.dirichlet(8.0 * np.array([0.5, 0.3, 0.2]), 30)
+    y = np.array([rng.multinomial(k, pk) for k, pk in zip(n, p)])
+    with pm.Model() as m:
+        frac = pm.Dirichlet("frac", np.ones(3))
+        pm.DirichletMultinomial("y", n=n, a=pm.LogNormal("conc", 1, 1) * frac, observed=y)
+    return m
+
+
+def observed_ar1(seed):
+    """An observed AR(1) series of 80 values with a latent coefficient and innovation scale."""
+    rng = np.random.default_rng(seed)
+    y = np.zeros(80)
+    for t in range(1, 80):
+        y[t] = 0.6 * y[t - 1] + rng.normal(0, 0.5)
+    with pm.Model() as m:
+        rho = pm.Uniform("rho", -1, 1)
+        pm.AR("y", rho=[rho], sigma=pm.HalfNormal("sigma", 1), init_dist=pm.Normal.dist(0, 1), observed=y)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -444,6 +494,8 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "mixture_latent_weight_500": mixture_latent_weight_500,
     "dirichlet_mixture": dirichlet_mixture, "three_component_mixture": three_component_mixture,
     "studentt_latent_nu": studentt_latent_nu, "best": best,
+    "gp_marginal": gp_marginal, "mv_student_t": mv_student_t, "dirichlet_multinomial": dirichlet_multinomial,
+    "observed_ar1": observed_ar1,
 }
 
 

@@ -258,6 +258,8 @@ def test_an_lkj_covariance_is_refused_naming_its_constructor_and_the_mvnormal_th
 
 @pytest.mark.parametrize("observed", [False, True])
 def test_a_covariance_with_a_latent_scale_is_refused_naming_the_variable(observed):
+    # observed, a covariance and mean of at most three latent elements are one factor of
+    # them (tests/test_multivariate.py); here the mean has three and the scale a fourth
     Y = np.random.default_rng(0).normal(size=(10, 3))
     with pm.Model() as model:
         s = pm.HalfNormal("s", 1.0)

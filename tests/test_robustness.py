@@ -550,7 +550,8 @@ def test_a_latent_read_by_many_instances_is_answered_by_quadrature_not_kjit():
     idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)  # default method="kjit"
     assert idata.ep.attrs["converged"]
     assert int(np.sum(idata.ep.kjit_predictions.values)) == 0
-    assert "y: quadrature" in idata.ep.attrs["factor_methods"]
+    # one site for the whole likelihood (a shared scalar), by quadrature
+    assert "y: collapsed quadrature" in idata.ep.attrs["factor_methods"]
     q = pmkjit.ep_posterior(idata)["s2"]
     assert abs(q.mean()[0] - exact.mean()) < 0.1 * exact.std()
 
@@ -1621,15 +1622,23 @@ def test_draws_where_the_data_are_impossible_are_warned_about():
     ``theta`` draws below ``max(y)``, counted here from the draws themselves (and read from
     100 draws without a log-likelihood group). A shifted exponential with a Normal ``loc``
     (robustness round 15) had come out with every observation impossible at every draw,
-    ``loc`` at 61 where the data put it below 2.007, with no word of it."""
+    ``loc`` at 61 where the data put it below 2.007, with no word of it. (By default this
+    likelihood of one shared latent is one site whose draws come from its exact law, none
+    impossible, and no warning; instance by instance, ``method="quadrature"``, EP's marginal
+    is drawn.)"""
     from pmkjit.diagnostics.posterior import warn_impossible_observations
 
     y = np.random.default_rng(51).uniform(0, 3.0, 20)
     with pm.Model() as model:
         theta = pm.HalfNormal("theta", 5)
         pm.Uniform("y", 0, theta, observed=y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no warning: the one site's draws are possible
+        exact = pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    assert exact.ep.attrs["factor_methods"] == "theta: quadrature; y: collapsed quadrature"
+    assert np.all(exact.posterior["theta"].values >= y.max())
     with pytest.warns(UserWarning, match="zero density") as record:
-        idata = pmkjit.fit(model=model, random_seed=1, progressbar=False)
+        idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, method="quadrature")
     share = float(np.mean(idata.posterior["theta"].values < y.max()))
     assert 0.01 < share < 0.5
     (message,) = [str(w.message) for w in record if "zero density" in str(w.message)]
@@ -2255,20 +2264,57 @@ def test_a_banana_shaped_likelihood_of_two_latents_is_warned_about_with_its_sd_r
     assert abs(r_nu - ep_r_nu) < 0.05 and abs(r_s - ep_r_s) < 0.05
 
 
-@pytest.mark.parametrize("kind", ["ar", "grw"])
-def test_an_observed_autoregression_or_random_walk_is_refused_with_its_elementwise_form(kind):
-    """An observed ``pm.AR`` or ``pm.GaussianRandomWalk`` was refused with "write it
-    elementwise" alone (robustness round 17); the message now names the variable and spells
-    out the elementwise Normal that EP fits."""
-    y = np.cumsum(np.random.default_rng(1).normal(size=30))
+@pytest.mark.parametrize("kind", ["ar", "ar_uniform", "grw"])
+def test_an_observed_autoregression_or_random_walk_of_few_latents_matches_the_exact_posterior(kind):
+    """An observed ``pm.AR`` or ``pm.GaussianRandomWalk`` was refused with its elementwise form
+    (robustness round 17); of at most three latent elements it is one factor of them since
+    round 32 (:mod:`pmkjit.graph.multivariate`), drawn from its law with the priors' exact
+    densities: against the exact grid posterior. (Its density is the model's own term: PyMC's
+    ``pm.logp`` of the random walk did not depend on ``sigma``.) An evaluation of the AR's
+    density costs its 80 values, not 80 x 80 as a covariance would: counted so, the grids'
+    budget refused the wide grid, and an AR(1) with ``rho ~ Uniform(-1, 1)`` on another
+    series did not converge in 50 sweeps (robustness round 32)."""
+    y = np.cumsum(np.random.default_rng(1).normal(size=80))
     with pm.Model() as model:
         s = pm.HalfNormal("s", 1)
-        if kind == "ar":
-            pm.AR("y", rho=[pm.Normal("rho", 0, 0.5)], sigma=s, init_dist=pm.Normal.dist(0, 1), observed=y)
-            expected = r'^y: multivariate likelihood pm\.AR .*pm\.Normal\("y", rho \* y\[:-1\], sigma, observed=y\[1:\]\)'
-        else:
+        if kind == "grw":
             pm.GaussianRandomWalk("y", sigma=s, init_dist=pm.Normal.dist(0, 1), observed=y)
-            expected = r'^y: multivariate likelihood .*pm\.Normal\("y_diff", mu, sigma, observed=np\.diff\(y\)\)'
+        else:
+            rho = pm.Normal("rho", 0, 0.5) if kind == "ar" else pm.Uniform("rho", -1, 1)
+            pm.AR("y", rho=[rho], sigma=s, init_dist=pm.Normal.dist(0, 1), observed=y)
+    if kind == "ar":
+        (f,) = [f for f in build_factor_graph(model).factors if f.name == "y"]
+        assert f.size == 1 and f.evaluation_cost == 80
+    idata = pmkjit.fit(model=model, progressbar=False, random_seed=1, compute_log_likelihood=False)
+    assert idata.ep.attrs["converged"] and "y: collapsed quadrature" in idata.ep.attrs["factor_methods"]
+    sg = np.linspace(0.3, 2.5, 800)[None, :]
+    if kind == "ar":
+        rho = np.linspace(0.0, 1.6, 800)[:, None]
+        log_prior = stats.norm.logpdf(rho, 0, 0.5)
+    elif kind == "ar_uniform":
+        rho = np.linspace(0.0, 1.0, 800)[:-1, None]  # its prior's support, below 1
+        log_prior = 0.0
+    else:
+        rho, log_prior = np.ones((1, 1)), 0.0
+    resid = y[1:] - rho[..., None] * y[:-1]
+    logp = stats.halfnorm.logpdf(sg) + np.sum(stats.norm.logpdf(resid, 0.0, sg[..., None]), axis=-1) + log_prior
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    for name, grid in (("s", sg + 0 * rho),) + ((("rho", rho + 0 * sg),) if kind != "grw" else ()):
+        mean = np.sum(w * grid)
+        sd = np.sqrt(np.sum(w * (grid - mean) ** 2))
+        draws = idata.posterior[name].values.ravel()
+        assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.1, name
+
+
+def test_an_observed_autoregression_of_more_latents_is_refused_with_its_elementwise_form():
+    y = np.cumsum(np.random.default_rng(1).normal(size=30))
+    with pm.Model() as model:
+        pm.AR("y", rho=pm.Normal("rho", 0, 0.5, shape=3), sigma=pm.HalfNormal("s", 1), init_dist=pm.Normal.dist(0, 1),
+              observed=y)
+    expected = (r'^y: multivariate likelihood pm\.AR \(AutoRegressiveRV\) is supported where its parameters read at most 3 latent '
+                r'elements in all, and these read 4 \(rho, s\); write it elementwise.*'
+                r'pm\.Normal\("y", rho \* y\[:-1\], sigma, observed=y\[1:\]\)')
     with pytest.raises(UnsupportedModelError, match=expected):
         pmkjit.fit(model=model, progressbar=False, random_seed=1)
 
@@ -2778,11 +2824,13 @@ def test_a_dirichlet_multinomial_is_refused_with_its_chain_of_beta_binomials():
     # robustness round 20: refused with "write it elementwise" alone; the hint's chain of
     # BetaBinomials over stick-breaking fractions is checked against PyMC's own
     # DirichletMultinomial log-density
+    # (three categories and a concentration, three latent elements in all, are one factor
+    # since round 32: tests/test_multivariate.py; four categories are four elements)
     counts = np.array([[12, 5, 3], [9, 8, 3], [15, 2, 3], [4, 10, 6], [8, 8, 4]])
     with pm.Model() as model:
         conc = pm.Lognormal("conc", 1, 1)
-        frac = pm.Dirichlet("frac", np.ones(3))
-        pm.DirichletMultinomial("y", n=counts.sum(1), a=conc * frac, observed=counts)
+        frac = pm.Dirichlet("frac", np.ones(4))
+        pm.DirichletMultinomial("y", n=counts.sum(1) + 2, a=conc * frac, observed=np.c_[counts, np.full(5, 2)])
     with pytest.raises(UnsupportedModelError, match=r"exactly a chain of BetaBinomials") as err:
         pmkjit.fit(model=model, random_seed=1, progressbar=False)
     assert ('pm.BetaBinomial(f"y_{k}", n=y[:, k:].sum(axis=1), alpha=conc * rest * v[k], '
@@ -2882,7 +2930,9 @@ def test_a_nonlinear_regression_of_four_shared_latents_is_warned_about():
         warnings.simplefilter("always")
         idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, chains=1,
                            compute_log_likelihood=False)
-    assert "collapsed" not in idata.ep.attrs["factor_methods"]
+    # the entry at t = 0 reads A, c and s only, and is one site of three; the others read four
+    methods = dict(m.split(": ") for m in idata.ep.attrs["factor_methods"].split("; "))
+    assert methods["y (39 of 40 entries)"] != "collapsed grid" and "collapsed" not in methods["y (39 of 40 entries)"]
     hits = [str(w.message) for w in caught if "(its curvature at EP's posterior means)" in str(w.message)]
     assert len(hits) >= 1 and "the likelihood correlates" in hits[0] and "A" in hits[0] and "k" in hits[0]
 

@@ -52,6 +52,7 @@ from pmkjit.graph.factor_graph import (
     LinearSlot,
 )
 from pmkjit.graph.mixture import normal_mixture_spec
+from pmkjit.graph.multivariate import MAX_SCALARS, scalar_log_density
 from pmkjit.graph.observed import observed_as_data
 from pmkjit.graph.predictive import predictive_only
 from pmkjit.graph.simplex import STICK_PREFIX
@@ -662,17 +663,32 @@ class _Builder:
             # rows missing whole (NaN everywhere) are already gone: PyMC imputes them as a
             # separate MvNormal latent that nothing reads (drawn from its predictive)
             params = [lift_indexing(p) for p in dist_params(rv)]
-            if any(latent_ancestors(p, self.latent_rvs) for p in params):
+            if not any(latent_ancestors(p, self.latent_rvs) for p in params):
+                return  # no latent parameter: a constant factor
+            if latent_ancestors(params[1], self.latent_rvs):
+                # a latent covariance of a few scalars (a Gaussian process's marginal
+                # likelihood) is one factor of them; of more, refused naming them
+                if not self._scalar_likelihood(rv, y):
+                    self._mvnormal(rv, params, prior=False, y=y)
+                return
+            try:
                 self._mvnormal(rv, params, prior=False, y=y)
-            return  # no latent parameter: a constant factor
+            except _NotAffineMean:
+                if not self._scalar_likelihood(rv, y):  # a mean of a few scalars: one factor of them
+                    raise
+            return
         if partial is not None and type(partial[0].owner.op).__name__ == "MvNormalRV":
             refuse_partly_missing_rows(rv, partial[1])
         if getattr(op, "ndim_supp", 0) != 0:
+            if partial is None and self._scalar_likelihood(rv, y):
+                return
             # named by the distribution, not by PyMC's PartialObservedRV around it (an
             # MvNormal with a NaN in some of a row's entries)
             dist = op if partial is None else partial[0].owner.op
             raise UnsupportedModelError(
-                f"{rv.name}: multivariate likelihood {distribution_label(dist)} is not supported; write it elementwise"
+                f"{rv.name}: multivariate likelihood {distribution_label(dist)} is supported where its parameters "
+                f"read at most {MAX_SCALARS} latent elements in all, and these read "
+                f"{_element_count(dist_params(rv), self.latent_rvs, self.variables)}; write it elementwise"
                 + ELEMENTWISE_HINTS.get(type(dist).__name__, "").format(name=rv.name)
             )
         if partial is None:
@@ -689,6 +705,54 @@ class _Builder:
         # after the walk, which refuses NaN in the parameters with that reason (a NaN
         # covariate also makes the entry's density -inf)
         self._check_support(rv, y)
+
+    def _scalar_likelihood(self, rv: Variable, y: np.ndarray) -> bool:
+        """One factor for a multivariate likelihood whose parameters read at most
+        ``MAX_SCALARS`` latent elements in all (:mod:`pmkjit.graph.multivariate`); False,
+        adding nothing, where they read more (refused by the caller, naming them)."""
+        latents = list(dict.fromkeys(d for p in dist_params(rv) for d in latent_ancestors(p, self.latent_rvs)))
+        shapes = [self.variables[d.name].shape for d in latents]
+        if not latents or sum(int(np.prod(s, dtype=int)) for s in shapes) > MAX_SCALARS:
+            return False
+        leaves: dict = {}
+        seen: set = set()
+        for d, shape in zip(latents, shapes):
+            flat = d.ravel() if shape else d
+            for k in range(int(np.prod(shape, dtype=int))):
+                self._walk(flat[k] if shape else flat, (1,), rv.name, leaves, seen)
+        slots = [slot for _, slot in leaves.values()]
+        if len(slots) != sum(int(np.prod(s, dtype=int)) for s in shapes):
+            return False
+        size = _entries(dist_params(rv), y)
+        log_density, fingerprint = scalar_log_density(self.model, rv, y, list(zip(latents, shapes)), size)
+        label = distribution_label(rv.owner.op)
+        # The density's own support check is the only one this observation gets (the
+        # elementwise one cannot read it): where no prior draw of the latents gives it a
+        # finite density, the data are outside the support, and every grid would be empty
+        n = 16
+        drawn = pm.draw(latents, draws=n, random_seed=int(self.rng.integers(2**31 - 1)))
+        points = [a for d in drawn for a in np.asarray(d, dtype=float).reshape(n, -1).T]
+        if not np.any(np.isfinite(log_density(points))):
+            raise InvalidDataError(
+                f"observed {rv.name}: its {label} density is zero at all of {n} prior draws of "
+                f"{', '.join(dict.fromkeys(_stick_owner(d.name) for d in latents))}; check that the observed values "
+                "lie in its support (a DirichletMultinomial's rows must sum to n)"
+            )
+
+        def logp(x, ins, _f=log_density):
+            # the observation is inside the density: ``x`` is the factor's one stand-in entry
+            return _f([np.broadcast_to(a, np.shape(x)) for a in ins])
+
+        def sampler(ins, rng, _name=rv.name, _what=label):  # EP never draws from a likelihood's output
+            raise UnsupportedModelError(f"{_name}: the {_what} likelihood of scalar latents has no elementwise sampler")
+
+        names = ", ".join(dict.fromkeys(_stick_owner(d.name) for d in latents))
+        self.graph.factors.append(BlackBoxFactor(
+            name=rv.name, kind="likelihood", inputs=slots, sampler=sampler, logp=logp, density_source="pymc",
+            key=f"likelihood-scalars-{fingerprint}", description=f"{rv.name}: likelihood {label} of {names}",
+            observed=np.zeros(1), size=1, evaluation_cost=size,
+        ))
+        return True
 
     def _likelihood_entries(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None,
                             whole: np.ndarray | None = None) -> None:
@@ -1393,7 +1457,7 @@ class _Builder:
             outside = [d.name for d in deps if not self.variables[d.name].in_gaussian_block]
             why = (f"{', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not real-valued" if outside
                    else "it is not affine in them")
-            raise UnsupportedModelError(
+            raise _NotAffineMean(
                 f"{name}: the mean of this MvNormal depends on latent {', '.join(d.name for d in deps)}, and {why}; "
                 f"pmkjit supports MvNormal {_MVNORMAL_SUPPORTED}"
             )
@@ -1691,6 +1755,33 @@ class _Builder:
 
 
 # -------------------------------------------------------------------- helpers
+def _entries(params, y: np.ndarray) -> int:
+    """The most entries of the observation and of any parameter: what one evaluation of a
+    multivariate density costs, in elementwise densities (an MvNormal's ``n x n`` covariance
+    for ``n`` values; an observed AR's ``n`` values, whatever the order)."""
+    sizes = [y.size]
+    for p in params:
+        shape = p.type.shape
+        if any(d is None for d in shape):
+            try:
+                shape = tuple(int(d) for d in p.shape.eval())
+            except Exception:  # noqa: BLE001 - a shape that needs the latents' values: assume the covariance's
+                shape = (y.size * (y.shape[-1] if y.ndim else 1),)
+        sizes.append(int(np.prod(shape, dtype=int)))
+    return max(sizes)
+
+
+class _NotAffineMean(UnsupportedModelError):
+    """An MvNormal's mean is not affine in the real latents (its exact factor is refused)."""
+
+
+def _element_count(params, latents, variables) -> str:
+    """``"n (a, b, ...)"``: the latent elements ``params`` read, for a refusal's message."""
+    found = list(dict.fromkeys(d for p in params for d in latent_ancestors(p, latents)))
+    n = sum(variables[d.name].size for d in found)
+    return f"{n} ({', '.join(dict.fromkeys(_stick_owner(d.name) for d in found))})"
+
+
 def _label(var: Variable) -> str:
     return var.name or (type(var.owner.op).__name__ if var.owner is not None else str(var))
 
@@ -1878,7 +1969,9 @@ _NO_SAMPLER = ("{name}: a latent pm.CustomDist needs a forward sampler; this one
                "(give it random= or write it with dist=)")
 # what the MvNormal refusals say is supported
 _MVNORMAL_SUPPORTED = ("latents and likelihoods with a constant covariance (cov=, chol= or tau= of constants or "
-                       "data, batched or not) and a mean that is constant or affine in the real-valued latents")
+                       "data, batched or not) and a mean that is constant or affine in the real-valued latents, "
+                       f"and likelihoods whose mean and covariance read at most {MAX_SCALARS} latent elements in all "
+                       "(a Gaussian process's marginal likelihood)")
 _ZERO_SUM_PRECISION = 1e8  # of a ZeroSumNormal's sum: no variance in the model, sd 1e-4 in EP's
 
 

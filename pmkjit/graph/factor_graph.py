@@ -181,6 +181,12 @@ class BlackBoxFactor:
     key : str
         Identifies the factor's form (graph and families, not names or data), so a
         learned operator can be reused by another model with the same factor.
+    evaluation_cost : int
+        What one evaluation of an instance's density costs, in elementwise densities: 1,
+        except for a multivariate likelihood of a few scalars
+        (:mod:`pmkjit.graph.multivariate`), whose one instance is a whole vector's density
+        (the entries of its observation or largest parameter: ``n**2`` for an ``MvNormal`` of
+        ``n`` values); the grids that integrate over its latents size their budgets by it.
     """
 
     name: str
@@ -203,6 +209,7 @@ class BlackBoxFactor:
     point_masses: bool = False
     pair_slots: list = field(default_factory=list)
     mixture: object = None
+    evaluation_cost: int = 1
 
     @property
     def joint(self) -> bool:

@@ -41,7 +41,9 @@ ELEMENTWISE_HINTS = {
     # (the Dirichlet's aggregation property), which pmkjit fits. Written over stick-breaking
     # fractions (a mean and a dispersion per link) it was within 0.07 NUTS sd, log-sd ratios
     # 0.97-1.00; with K separate concentration latents, alpha=a[k], beta=a[k+1] + ..., their
-    # posterior correlation was lost (sds 0.74-0.83 of NUTS's)
+    # posterior correlation was lost (sds 0.74-0.83 of NUTS's). Since round 32 one whose
+    # parameters read at most three latent elements (three categories and a concentration) is
+    # one factor of them (pmkjit.graph.multivariate); this hint is for more categories
     "DirichletMultinomialRV": (
         ": a Dirichlet-multinomial of counts y (N x K) with concentrations conc * w is exactly a chain "
         "of BetaBinomials, one a category but the last, over the stick-breaking fractions v[k] = w[k] / "

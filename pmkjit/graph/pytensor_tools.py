@@ -38,7 +38,8 @@ _AFFINE_RTOL = 1e-8
 def compile_function(inputs: Sequence[Variable], outputs, **kwargs) -> Callable:
     """``pytensor.function`` in the cheap-to-compile mode pmkjit uses throughout."""
     kwargs.setdefault("allow_input_downcast", True)
-    return pytensor.function(list(inputs), outputs, mode=_MODE, on_unused_input="ignore", **kwargs)
+    kwargs.setdefault("mode", _MODE)
+    return pytensor.function(list(inputs), outputs, on_unused_input="ignore", **kwargs)
 
 
 def latent_ancestors(var: Variable, latents: Sequence[Variable]) -> list[Variable]:
