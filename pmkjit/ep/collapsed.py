@@ -780,13 +780,16 @@ class CollapsedLikelihood(OneSite):
                 return None
             draws = to_inputs(draws)
             return draws[:b] + [np.stack(draws[b:b + k], axis=1)] + draws[b + k:]
-        found = self._cavities(marginals, sites)
+        # the rotated grid reads a cavity's unnormalised density, so an improper one serves
+        # (a LogNormal prior's site: see _sites_of_improper_cavity); the wide grid spans the
+        # cavities' own ranges and needs them proper
+        found = self._cavities(marginals, sites, improper=True)
         if found is None:
             return None
         cavities, ref = found
         m = len(cavities)
         draws = self._draws_on_rotated_grid(cavities, *_marginal_frames(marginals, ref), n, rng, priors)
-        if draws is None and m == 2:
+        if draws is None and m == 2 and all(np.all(c.is_proper()) for c in cavities):
             draws = self._draws_on_wide_grid(cavities, marginals, ref, n, rng, priors)
         return draws
 
