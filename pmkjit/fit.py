@@ -45,7 +45,7 @@ from pmkjit.inference_data import NoOracle, as_original, assemble_inference_data
 from pmkjit.graph.centre import centre_non_centred
 from pmkjit.graph.interval import UNIT_PREFIX, rescale_uniform_intervals, signed_latents
 from pmkjit.graph.potential import potentials_as_observations
-from pmkjit.graph.simplex import stick_break_dirichlet
+from pmkjit.graph.simplex import STICK_PREFIX, stick_break_dirichlet
 from pmkjit.graph.observed import default_initial_values, observed_as_data
 
 __all__ = ["fit", "ep_posterior", "EPNotConvergedWarning"]
@@ -227,7 +227,7 @@ def fit(
     t_fit = t0 = time.perf_counter()
     with default_initial_values(original):
         model, centred = _centred(original)
-        model, _ = _rewritten(stick_break_dirichlet, model)  # Dirichlets as stick-breaking Betas
+        model, sticks = _rewritten(stick_break_dirichlet, model)  # Dirichlets as stick-breaking Betas
         model, bounded = _rewritten(rescale_uniform_intervals, model)  # Uniform(a, b) as a + (b - a) Uniform(0, 1)
         model, potentials = _rewritten(potentials_as_observations, model)  # as observed CustomDists
     # one rewrite serves the factor graph, the deterministics and the log-likelihood
@@ -360,7 +360,7 @@ def fit(
             idata, given, jointly = assemble_inference_data(model, graph, state, draws, chains, rng,
                                                             compute_log_likelihood, one_site)
         timings["draws"] = time.perf_counter() - t0
-        with _named_as_written(bounded, sys._getframe(1).f_globals):
+        with _named_as_written(bounded, sys._getframe(1).f_globals, sticks):
             warn_one_site_refused(graph, methods)
             warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly))
             # a grouped Student-t's nu is drawn from its groups' laws only where they could be drawn
@@ -430,7 +430,7 @@ def _drop_repeated_observed(model: pm.Model) -> None:
 
 
 @contextlib.contextmanager
-def _named_as_written(bounded: list[str], caller: dict):
+def _named_as_written(bounded: list[str], caller: dict, sticks: list[str] = ()):
     """Re-issue the warnings raised inside with each rescaled latent named as the user wrote it.
 
     A latent on an interval, ``kappa ~ pm.Pareto(1.5, 1)``, is fitted as a hidden
@@ -440,13 +440,26 @@ def _named_as_written(bounded: list[str], caller: dict):
     (``sigma`` must not be replaced inside ``sigma_a``). The diagnostics attribute their
     warnings to the caller of :func:`fit`; they are re-issued with that caller's module and
     warning registry (``caller``: its globals), so the user's filters and "once per place"
-    apply to them as to any other, and re-issued even if a diagnostic fails.
+    apply to them as to any other, and re-issued even if a diagnostic fails. A pm.Dirichlet's
+    hidden stick-breaking Betas (``sticks``: the Dirichlets' names) are named the same way,
+    ``frac (its stick-breaking fraction 0)`` for ``__pmkjit_stick_frac_0`` (robustness round
+    32: a Dirichlet-multinomial's correlation warning named them).
     """
-    if not bounded:
+    if not bounded and not sticks:
         yield
         return
-    hidden = re.compile(re.escape(UNIT_PREFIX) + "(" + "|".join(
-        re.escape(n) for n in sorted(bounded, key=len, reverse=True)) + r")(?!\w)")
+
+    def names(prefix: str, found: list[str], index: str = "") -> re.Pattern:
+        return re.compile(re.escape(prefix) + "(" + "|".join(
+            re.escape(n) for n in sorted(found, key=len, reverse=True)) + ")" + index + r"(?!\w)")
+
+    def rename(text: str) -> str:
+        if bounded:
+            text = names(UNIT_PREFIX, bounded).sub(r"\1 (as rescaled)", text)
+        if sticks:
+            text = names(STICK_PREFIX, sticks, r"_(\d+)").sub(r"\1 (its stick-breaking fraction \2)", text)
+        return text
+
     caught: list = []
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -454,7 +467,7 @@ def _named_as_written(bounded: list[str], caller: dict):
             yield
     finally:
         for w in caught:
-            warnings.warn_explicit(hidden.sub(r"\1 (as rescaled)", str(w.message)), w.category, w.filename,
+            warnings.warn_explicit(rename(str(w.message)), w.category, w.filename,
                                    w.lineno, module=caller.get("__name__"),
                                    registry=caller.setdefault("__warningregistry__", {}))
 

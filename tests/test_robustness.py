@@ -2960,6 +2960,15 @@ def test_posterior_warnings_name_a_rescaled_latent_as_the_user_wrote_it():
         with _named_as_written(["kappa"], globals()):
             warnings.warn(f"{UNIT_PREFIX}kappa", UserWarning)
             raise RuntimeError("a diagnostic failed")
+    # a pm.Dirichlet's hidden stick-breaking Betas (robustness round 32: a
+    # Dirichlet-multinomial's warning named __pmkjit_stick_frac_1, __pmkjit_stick_frac_0)
+    from pmkjit.graph.simplex import STICK_PREFIX
+
+    with pytest.warns(UserWarning) as record:
+        with _named_as_written([], globals(), ["frac", "frac_b"]):
+            warnings.warn(f"y: {STICK_PREFIX}frac_1, {STICK_PREFIX}frac_b_0 and conc", UserWarning)
+    assert [str(w.message) for w in record] == [
+        "y: frac (its stick-breaking fraction 1), frac_b (its stick-breaking fraction 0) and conc"]
 
 
 def test_a_one_site_factor_that_ended_instance_by_instance_is_warned_about():
