@@ -377,26 +377,28 @@ class CollapsedLikelihood(OneSite):
         return out
 
     def _sites(self, marginals, sites):
-        found = self._cavities(marginals, sites)
+        found = self._cavities(marginals, sites, improper=True)
         if found is None:
-            return self._sites_of_improper_cavity(marginals, sites)
+            return None
         cavities, ref = found
+        if not all(np.all(c.is_proper()) for c in cavities):
+            return self._sites_of_improper_cavity(cavities, marginals, ref)
         self.n_integrals += 1
         if len(cavities) == 3:
             oracle = GridOracle(lambda xs, _rows: self._log_likelihood(xs), [type(c) for c in cavities],
                                 max_passes=_GRID_PASSES)
+
+            def on_grid(frame):
+                centre, var = frame
+                result = oracle(tuple(cavities), frame=(centre[None, :], np.sqrt(var)[None, :]))
+                return result.beliefs if bool(np.asarray(result.accepted)[0]) else None
+
             # the first frame: EP's marginals, near the tilted law once the factor has sites;
             # else the law's mode and curvature
-            beliefs = None
-            for frame in (lambda: _marginal_frames(marginals, ref), lambda: self._laplace_frame(cavities, marginals, ref)):
-                found = frame()
-                if found is None:
-                    continue
-                centre, var = found
-                result = oracle(tuple(cavities), frame=(centre[None, :], np.sqrt(var)[None, :]))
-                if bool(np.asarray(result.accepted)[0]):
-                    beliefs = result.beliefs
-                    break
+            beliefs = on_grid(_marginal_frames(marginals, ref))
+            if beliefs is None:
+                laplace = self._laplace_frame(cavities, marginals, ref)
+                beliefs = None if laplace is None else on_grid(laplace)
         else:
             # Adaptive quadrature, or for a law with a long flat side (Rice's nu towards 0
             # where the data leave it free, a truncated Normal's scale where its bounds hug
@@ -463,7 +465,7 @@ class CollapsedLikelihood(OneSite):
             return None
         return start + scale * found.x, spread
 
-    def _sites_of_improper_cavity(self, marginals, sites):
+    def _sites_of_improper_cavity(self, cavities, marginals, ref):
         """:meth:`_sites` where a cavity is improper in its family, on the rotated grid.
 
         A prior factor's site is a local fit of its density, which need not be a proper
@@ -473,10 +475,6 @@ class CollapsedLikelihood(OneSite):
         and did not converge (robustness round 32). The cavity times the whole likelihood is
         still a proper law; the rotated grid integrates it with the cavity's unnormalised
         density, in EP's marginals' frame."""
-        found = self._cavities(marginals, sites, improper=True)
-        if found is None:
-            return None
-        cavities, ref = found
         found = self._moments_on_rotated_grid(cavities, *_marginal_frames(marginals, ref))
         if found is None:
             return None
