@@ -477,6 +477,32 @@ def observed_ar1(seed):
     return m
 
 
+def measurement_error(seed):
+    """A regression on a covariate measured with known error: y ~ Normal(a + b * x_true, s)."""
+    rng = np.random.default_rng(seed)
+    x_true = rng.normal(0, 1, 40)
+    x_obs = x_true + rng.normal(0, 0.3, 40)
+    y = 1 + 2 * x_true + rng.normal(0, 0.5, 40)
+    with pm.Model() as m:
+        x = pm.Normal("x_true", 0, 1, shape=40)
+        pm.Normal("x_obs", x, 0.3, observed=x_obs)
+        a, b = pm.Normal("a", 0, 5), pm.Normal("b", 0, 5)
+        pm.Normal("y", a + b * x, pm.HalfNormal("s", 2), observed=y)
+    return m
+
+
+def exponential_decay_offset(seed):
+    """y ~ Normal(c + A exp(-k t), s): a decay towards a latent level, four shared latents."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.2, 5, 40)
+    y = 4 * np.exp(-0.7 * t) + 0.5 + rng.normal(0, 0.2, 40)
+    with pm.Model() as m:
+        A, k = pm.HalfNormal("A", 10), pm.HalfNormal("k", 2)
+        c = pm.Normal("c", 0, 1)
+        pm.Normal("y", A * pm.math.exp(-k * t) + c, pm.HalfNormal("s", 1), observed=y)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -495,7 +521,8 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "dirichlet_mixture": dirichlet_mixture, "three_component_mixture": three_component_mixture,
     "studentt_latent_nu": studentt_latent_nu, "best": best,
     "gp_marginal": gp_marginal, "mv_student_t": mv_student_t, "dirichlet_multinomial": dirichlet_multinomial,
-    "observed_ar1": observed_ar1,
+    "observed_ar1": observed_ar1, "measurement_error": measurement_error,
+    "exponential_decay_offset": exponential_decay_offset,
 }
 
 

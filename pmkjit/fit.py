@@ -24,6 +24,7 @@ from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible
 from pmkjit.ep.hierarchy import CollapsedPrior, collapsible_prior
 from pmkjit.ep.grouped import GroupedLikelihood, groupable
 from pmkjit.ep.joint import JointQuadrature
+from pmkjit.ep.linear_normal import LinearNormalMethod
 from pmkjit.ep.mixture import NormalMixtureMethod
 from pmkjit.ep.normal_scale import NormalScaleMethod
 from pmkjit.ep.truncation import PositiveMethod
@@ -553,6 +554,17 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             methods.append(NormalMixtureMethod(f))
             kjits.append(None)
             oracles.append(NoOracle("semi-analytic"))
+            continue
+        if f.linear_normal is not None and not (
+                oracle == "auto" and method == "kjit" and (collapsible(f) or groupable(f))):
+            # a Normal likelihood whose Gaussian inputs integrate out given the others (a
+            # measurement-error regression): exact in them, the grid over the rest, for any
+            # method; a likelihood of a few shared scalars keeps its one site below
+            kind = "grid" if grid_possible(f) else "importance"
+            semi = LinearNormalMethod(f, FactorOracle(f, kind, n_samples=n_samples, rng=sub))
+            methods.append(semi)
+            kjits.append(None)
+            oracles.append(semi)
             continue
         if f.joint:
             # class predictors with one joint site: a grid in the joint cavity, no operator

@@ -51,6 +51,7 @@ from pmkjit.graph.factor_graph import (
     LatentVariable,
     LinearSlot,
 )
+from pmkjit.graph.linear_normal import linear_normal_spec
 from pmkjit.graph.mixture import normal_mixture_spec
 from pmkjit.graph.multivariate import MAX_SCALARS, scalar_log_density
 from pmkjit.graph.observed import observed_as_data
@@ -712,16 +713,17 @@ class _Builder:
         adding nothing, where they read more (refused by the caller, naming them)."""
         latents = list(dict.fromkeys(d for p in dist_params(rv) for d in latent_ancestors(p, self.latent_rvs)))
         shapes = [self.variables[d.name].shape for d in latents]
-        if not latents or sum(int(np.prod(s, dtype=int)) for s in shapes) > MAX_SCALARS:
+        counts = [int(np.prod(s, dtype=int)) for s in shapes]
+        if not latents or sum(counts) > MAX_SCALARS:
             return False
         leaves: dict = {}
         seen: set = set()
-        for d, shape in zip(latents, shapes):
+        for d, shape, count in zip(latents, shapes, counts):
             flat = d.ravel() if shape else d
-            for k in range(int(np.prod(shape, dtype=int))):
+            for k in range(count):
                 self._walk(flat[k] if shape else flat, (1,), rv.name, leaves, seen)
         slots = [slot for _, slot in leaves.values()]
-        if len(slots) != sum(int(np.prod(s, dtype=int)) for s in shapes):
+        if len(slots) != sum(counts):
             return False
         size = _entries(dist_params(rv), y)
         log_density, fingerprint = scalar_log_density(self.model, rv, y, list(zip(latents, shapes)), size)
@@ -1741,11 +1743,15 @@ class _Builder:
                 mixture = normal_mixture_spec(inputs, slots, flat_params, len(components), compile_function)
                 if mixture is not None:
                     desc += " (semi-analytic mixture of Normals)"
+        linear = None
+        if kind == "likelihood" and make_dist is None and make_logp is None and opname == "NormalRV":
+            linear = linear_normal_spec(inputs, slots, flat_params, compile_function)
         fam = output.family if output is not None else None
         self.graph.factors.append(BlackBoxFactor(
             name=rv.name, kind=kind, inputs=slots, sampler=sampler, logp=logp, density_source=source,
             key=f"{kind}-{fam.name if fam else 'obs'}-{key_graph}", description=desc, output=output,
             output_family=fam, observed=observed, size=B, point_masses=has_point_masses(rv), mixture=mixture,
+            linear_normal=linear,
         ))
 
     def _check_sizes(self, name: str, slots, B: int) -> None:

@@ -178,6 +178,11 @@ class BlackBoxFactor:
         latents' powers (:mod:`pmkjit.graph.mixture`): which inputs are each component's
         mean, scale and weight, for the semi-analytic tilted moments of
         :class:`pmkjit.ep.mixture.NormalMixtureMethod`.
+    linear_normal : LinearNormalSpec, optional
+        For a Normal likelihood of three or more latents whose mean is affine in some of its
+        Gaussian inputs given the others (:mod:`pmkjit.graph.linear_normal`): those inputs
+        integrate out in closed form, the rest on a grid
+        (:class:`pmkjit.ep.linear_normal.LinearNormalMethod`).
     key : str
         Identifies the factor's form (graph and families, not names or data), so a
         learned operator can be reused by another model with the same factor.
@@ -209,6 +214,7 @@ class BlackBoxFactor:
     point_masses: bool = False
     pair_slots: list = field(default_factory=list)
     mixture: object = None
+    linear_normal: object = None
     evaluation_cost: int = 1
 
     @property

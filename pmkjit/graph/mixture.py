@@ -93,7 +93,7 @@ def normal_mixture_spec(inputs: Sequence, slots: Sequence, flat_params: Sequence
     rng = np.random.default_rng(20011)  # a structural probe: the verdict does not depend on the values
     probes, values = [], []
     for _ in range(_PROBES):
-        probe = [_probe_values(s, B, rng) for s in slots]
+        probe = [probe_values(s, B, rng) for s in slots]
         with np.errstate(all="ignore"):
             out = [np.broadcast_to(np.asarray(v, dtype=float), (B,)) for v in fn(*probe)]
         probes.append(probe)
@@ -177,7 +177,9 @@ def normal_mixture_spec(inputs: Sequence, slots: Sequence, flat_params: Sequence
     return NormalMixtureSpec(fn, tuple(mean_input), tuple(scale_input), tuple(scale_link), tuple(sticks), exponents)
 
 
-def _probe_values(slot, B: int, rng: np.random.Generator) -> np.ndarray:
+def probe_values(slot, B: int, rng: np.random.Generator) -> np.ndarray:
+    """Values of one input at ``B`` entries for a structural probe: its data, or random
+    values in its family's support (real, positive, or in (0, 1))."""
     if isinstance(slot, DataSlot):
         return np.asarray(slot.values, dtype=float)
     if isinstance(slot, LinearSlot):
