@@ -20,7 +20,10 @@ three or four latent parameters, answered by the Gauss-Hermite grid oracle (a St
 regression with a latent ``nu``, and BEST; ``--no-grid`` answers them by importance
 sampling instead, as before that oracle); then multivariate likelihoods of a few latent
 scalars, one factor each (``pmkjit.graph.multivariate``: a Gaussian process's marginal
-likelihood, a bivariate Student-t, a Dirichlet-multinomial and an observed AR(1)). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
+likelihood, a bivariate Student-t, a Dirichlet-multinomial and an observed AR(1)); then
+two Normal likelihoods of four latents with Gaussian inputs that integrate out given the
+others (``pmkjit.ep.linear_normal``: a measurement-error regression and a decay towards a
+latent level; ``--no-linear-normal`` keeps them on the grid, as before). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
 2,500 draws: with 2 x 1,000 the reference's own error reached 0.2 sd in sds of group scales)
 and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
@@ -563,9 +566,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gallery_vs_nuts.json")
     parser.add_argument("--no-grid", action="store_true",
                         help="ablation: factors of 3-6 latents use importance sampling, as before the grid oracle")
+    parser.add_argument("--no-linear-normal", action="store_true",
+                        help="ablation: Normal likelihoods keep their affine Gaussian inputs on the grid "
+                             "(pmkjit.ep.linear_normal off), as before robustness round 33")
     args = parser.parse_args()
     if args.no_grid:
         sys.modules["pmkjit.fit"].grid_possible = lambda factor: False
+    if args.no_linear_normal:
+        sys.modules["pmkjit.graph.build"].linear_normal_spec = lambda *spec_args: None
     code = git_state()
     rows = []
     print(f"{'model':32s} {'max |z|':>8s} {'sd ratio':>11s} {'sweeps':>6s} {'EP s':>6s} {'NUTS s':>6s}")
@@ -580,7 +588,8 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "command": "python benchmarks/gallery_vs_nuts.py" + (" --models " + " ".join(args.models)
                                                           if args.models != list(MODELS) else "")
-        + (" --no-grid" if args.no_grid else ""), "grid_oracle": not args.no_grid,
+        + (" --no-grid" if args.no_grid else "") + (" --no-linear-normal" if args.no_linear_normal else ""),
+        "grid_oracle": not args.no_grid, "linear_normal": not args.no_linear_normal,
         "code": code, "seed": args.seed, "n": N, "missing": MISSING, "rows": rows,
         "machine": {"python": platform.python_version(), "pymc": pm.__version__, "cpus": __import__("os").cpu_count()},
     }, indent=1))

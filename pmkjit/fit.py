@@ -36,7 +36,7 @@ from pmkjit.graph import build_factor_graph
 from pmkjit.graph.sharing import shares_a_latent
 from pmkjit.diagnostics.model import (
     warn_bounded_beside_linear, warn_latent_conditions, warn_latent_degrees_of_freedom, warn_latent_skewness,
-    warn_non_centred,
+    warn_non_centred, warn_scales_traded_through_latents,
 )
 from pmkjit.diagnostics.posterior import (
     warn_correlated_hyperparameters, warn_correlated_pairs, warn_impossible_observations, warn_one_site_refused,
@@ -246,6 +246,7 @@ def fit(
     timings["graph"] = time.perf_counter() - t0
 
     warn_non_centred(graph)
+    warn_scales_traded_through_latents(graph)
     warn_latent_conditions(original)  # (the names the user wrote)
     warn_bounded_beside_linear(graph, signed_latents(original, bounded))
     warn_latent_skewness(model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -137,3 +138,28 @@ def test_a_measurement_error_regression_converges_to_the_exact_posterior():
         # correlation the likelihood puts between them (b is 0.08 sd off, sd ratio 0.95)
         assert abs(got_mean - mean) < 0.15 * sd, name
         assert 0.9 < got_sd / sd < 1.1, name
+
+
+def test_two_latent_scales_traded_off_through_a_latent_covariate_are_warned_about():
+    # x_obs ~ Normal(x_true, tau), y ~ Normal(a + b * x_true, s) with tau latent too: EP
+    # converged with tau 0.67 exact sds off (0.57 of its sd) and s 0.39 off, silently
+    # (robustness round 33); with tau known (the test above) there is nothing to warn about
+    from pmkjit.diagnostics.model import warn_scales_traded_through_latents
+
+    rng = np.random.default_rng(1)
+    x_true = rng.normal(0.0, 1.0, 20)
+    with pm.Model() as model:
+        tau = pm.HalfNormal("tau", 1.0)
+        x = pm.Normal("x_true", 0.0, 1.0, shape=20)
+        pm.Normal("x_obs", x, tau, observed=x_true + rng.normal(0.0, 0.3, 20))
+        pm.Normal("y", pm.Normal("a", 0.0, 5.0) + pm.Normal("b", 0.0, 5.0) * x, pm.HalfNormal("s", 2.0),
+                  observed=1.0 + 2.0 * x_true + rng.normal(0.0, 0.5, 20))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, chains=1, max_sweeps=2,
+                   compute_log_likelihood=False)
+    pattern = re.compile(r"^x_obs and y: both likelihoods read x_true \(20 latents.*\(tau; s\)")
+    assert any(pattern.search(str(w.message)) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_scales_traded_through_latents(build_factor_graph(_measurement_error()[0]))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pmkjit.families import Beta, Gamma, Gaussian
 from pmkjit.graph.factor_graph import DataSlot, LinearSlot
 from pmkjit.graph.mixture import probe_values
 
@@ -99,9 +100,8 @@ def linear_normal_spec(inputs: Sequence, slots: Sequence, flat_params: Sequence,
             values = np.stack([m0, m1, mh, m2, s0, s1, sh, s2])
             if not (np.all(np.isfinite(values)) and np.all(s0 > 0)):
                 return False
-            scale = np.abs(m0) + np.abs(m1) + 1.0
-            if not (np.allclose(mh, 0.5 * (m0 + m1), rtol=0.0, atol=_RTOL * scale.max())
-                    and np.allclose(m2, 2.0 * m1 - m0, rtol=0.0, atol=_RTOL * scale.max())
+            tol = _RTOL * (np.abs(m0) + np.abs(m1) + 1.0)  # round-off of each entry's mean
+            if not (np.all(np.abs(mh - 0.5 * (m0 + m1)) <= tol) and np.all(np.abs(m2 - (2.0 * m1 - m0)) <= 2 * tol)
                     and all(np.allclose(s, s0, rtol=_RTOL, atol=0.0) for s in (s1, sh, s2))):
                 return False
         return True
@@ -109,6 +109,8 @@ def linear_normal_spec(inputs: Sequence, slots: Sequence, flat_params: Sequence,
     for k in range(len(gaussian), 0, -1):
         for subset in itertools.combinations(gaussian, k):
             rest = tuple(i for i in latent if i not in subset)
-            if 1 <= len(rest) <= _MAX_REST and affine_in(set(subset)):
+            if not (1 <= len(rest) <= _MAX_REST and all(slots[i].family in (Gaussian, Gamma, Beta) for i in rest)):
+                continue
+            if affine_in(set(subset)):
                 return LinearNormalSpec(fn, tuple(subset), rest)
     return None
