@@ -163,3 +163,27 @@ def test_two_latent_scales_traded_off_through_a_latent_covariate_are_warned_abou
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_scales_traded_through_latents(build_factor_graph(_measurement_error()[0]))
+
+
+@pytest.mark.parametrize("centre", [2.0, 0.0])
+def test_shared_coefficients_correlated_through_an_uncentred_latent_covariate_are_warned_about(centre):
+    # x_true ~ Normal(mx, sx) around 2: a and b are separate inputs beside each x_true[n], and
+    # EP's sds of a and b were 0.53 of NUTS's, silently (robustness round 33); around 0 they
+    # are within 0.1 NUTS sd and there is nothing to warn about
+    rng = np.random.default_rng(1)
+    x_true = rng.normal(centre, 1.5, 30)
+    with pm.Model() as model:
+        x = pm.Normal("x_true", pm.Normal("mx", 0.0, 5.0), pm.HalfNormal("sx", 3.0), shape=30)
+        pm.Normal("x_obs", x, 0.5, observed=x_true + rng.normal(0.0, 0.5, 30))
+        pm.Normal("y", pm.Normal("a", 0.0, 5.0) + pm.Normal("b", 0.0, 5.0) * x, pm.HalfNormal("s", 2.0),
+                  observed=1.0 + 0.7 * x_true + rng.normal(0.0, 0.5, 30))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, chains=1, compute_log_likelihood=False)
+    hits = [str(w.message) for w in caught if "beside each observation's own x_true" in str(w.message)]
+    if centre:
+        assert len(hits) == 1 and hits[0].startswith("y: the likelihood correlates a, b beside")
+        ratios = [float(r) for r in re.findall(r"(?:a|b) (0\.\d+)", hits[0])]
+        assert len(ratios) == 2 and all(0.4 < r < 0.75 for r in ratios)
+    else:
+        assert not hits
