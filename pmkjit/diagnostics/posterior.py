@@ -416,6 +416,8 @@ def _warn_correlated_beside_own(graph, f, state, h, sd_ratio) -> None:
     if own is None or len(shared) < 2:
         return
     N = f.size
+    if any(isinstance(f.inputs[i], ElementSlot) and np.asarray(f.inputs[i].index).size != N for i in latent):
+        return  # an element slot of several indices per observation
     values, variances = [], {}
     for i, slot in enumerate(f.inputs):
         if i not in latent:
