@@ -217,6 +217,8 @@ def test_a_regression_beside_a_shared_scale_matches_the_exact_posterior():
     assert _check_gamma_regression(idata, logp, axes, tol=0.05) > 0.4
 
 
+# (slow: about 20-30 s; the collapsed regression beside a shared scale keeps its fast tests)
+@pytest.mark.slow
 def test_a_robust_regression_with_latent_degrees_of_freedom_matches_the_exact_posterior():
     # pm.StudentT(nu, mu=a + b * x, sigma=s), nu and s latent: four coordinates on the rotated
     # grid. Instance-by-instance sites gave nu and s sds of 0.67 and 0.76 of NUTS's (N = 100).
@@ -309,6 +311,8 @@ def test_a_regression_on_three_predictors_beside_a_scale_matches_importance_samp
     assert abs(np.corrcoef(draws[:, 0], draws[:, 4])[0, 1] - rho) < 0.06
 
 
+# (slow: about 20 s; nested Laplace keeps test_nested_laplace_matches_the_exact_posterior_of_a_regression_beside_a_scale)
+@pytest.mark.slow
 def test_a_truncated_regression_no_grid_holds_is_integrated_by_nested_laplace():
     # TruncatedNormal(a + b x, s, lower=0): as a falls and s grows the truncated Normal tends
     # to an exponential and the likelihood goes flat, a ridge no affordable rotated grid holds
