@@ -30,6 +30,7 @@ from pmkjit.families import ExponentialFamily, Gaussian
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
 from pmkjit.graph.linear_normal import LinearNormalSpec
 from pmkjit.operators.grid import GridOracle
+from pmkjit.operators.oracle import project_beliefs
 
 __all__ = ["LinearNormalMethod"]
 
@@ -84,11 +85,11 @@ class LinearNormalMethod:
         shift, shift2, cond_var = extra[:, :k], extra[:, k:2 * k], extra[:, 2 * k:]
         mean = m + shift
         var = cond_var + (shift2 - shift**2)
-        accepted = np.asarray(result.accepted, bool) & np.all(np.isfinite(mean) & np.isfinite(var) & (var > 0), axis=1)
-        beliefs = {}
-        for j, i in enumerate(spec.linear):
-            nat = Gaussian(np.where(accepted, mean[:, j], 0.0), np.where(accepted, var[:, j], 1.0)).natural
-            beliefs[i] = Gaussian.from_natural(np.where(accepted[:, None], nat, np.nan))
+        # E[z], E[z^2] and the central variance, projected as the oracles project theirs
+        # (refused where one is not finite or the variance not positive)
+        stats = np.stack([mean.T, (var + mean**2).T, var.T], axis=-1)
+        z_beliefs, accepted = project_beliefs([Gaussian] * k, stats, np.asarray(result.accepted, bool))
+        beliefs = dict(zip(spec.linear, z_beliefs))
         for j, i in enumerate(spec.rest):
             beliefs[i] = result.beliefs[j]
         out = tuple(beliefs[i] for i in f.latent_inputs)
