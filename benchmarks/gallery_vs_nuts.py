@@ -23,7 +23,11 @@ scalars, one factor each (``pmkjit.graph.multivariate``: a Gaussian process's ma
 likelihood, a bivariate Student-t, a Dirichlet-multinomial and an observed AR(1)); then
 two Normal likelihoods of four latents with Gaussian inputs that integrate out given the
 others (``pmkjit.ep.linear_normal``: a measurement-error regression and a decay towards a
-latent level; ``--no-linear-normal`` keeps them on the grid, as before). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
+latent level; ``--no-linear-normal`` keeps them on the grid, as before); then three curves of
+four or five shared scalars, fitted as one site with their Gaussian ones integrated out
+(``pmkjit.ep.collapsed_linear``, like the decay: logistic growth, a sinusoid with a phase on
+an interval, a sigmoid Emax dose-response curve; ``--no-one-site-gaussian-inputs`` leaves
+them instance by instance, as before). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
 2,500 draws: with 2 x 1,000 the reference's own error reached 0.2 sd in sds of group scales)
 and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
@@ -506,6 +510,47 @@ def exponential_decay_offset(seed):
     return m
 
 
+def logistic_growth(seed):
+    """y ~ Normal(K / (1 + exp(-r (t - t0))), s): four shared latents, K Gaussian."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0, 10, 40)
+    y = 50 / (1 + np.exp(-1.2 * (t - 5))) + rng.normal(0, 2, t.size)
+    with pm.Model() as m:
+        K = pm.Normal("K", 40, 20)
+        r = pm.LogNormal("r", 0, 0.5)
+        t0 = pm.Normal("t0", 5, 3)
+        pm.Normal("y", K / (1 + pm.math.exp(-r * (t - t0))), pm.HalfNormal("s", 5), observed=y)
+    return m
+
+
+def sinusoid(seed):
+    """y ~ Normal(mu + A sin(w t + phi), s): five shared latents, mu Gaussian, phi ~ Uniform(-pi, pi)."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0, 10, 60)
+    y = 2 + 1.5 * np.sin(1.3 * t + 0.4) + rng.normal(0, 0.3, t.size)
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0, 5)
+        A = pm.HalfNormal("A", 3)
+        w = pm.LogNormal("w", 0.2, 0.3)
+        phi = pm.Uniform("phi", -np.pi, np.pi)
+        pm.Normal("y", mu + A * pm.math.sin(w * t + phi), pm.HalfNormal("s", 1), observed=y)
+    return m
+
+
+def emax_dose_response(seed):
+    """y ~ Normal(E0 + Emax d^h / (ED50^h + d^h), s): a sigmoid Emax curve, five shared latents."""
+    rng = np.random.default_rng(seed)
+    dose = np.repeat([0, 1, 3, 10, 30, 100], 6).astype(float)
+    y = 2 + 8 * dose**1.5 / (10**1.5 + dose**1.5) + rng.normal(0, 1, dose.size)
+    with pm.Model() as m:
+        e0 = pm.Normal("E0", 0, 5)
+        emax = pm.Normal("Emax", 5, 5)
+        ed50 = pm.LogNormal("ED50", np.log(10), 1)
+        h = pm.LogNormal("hill", 0, 0.5)
+        pm.Normal("y", e0 + emax * dose**h / (ed50**h + dose**h), pm.HalfNormal("s", 2), observed=y)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -525,7 +570,8 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "studentt_latent_nu": studentt_latent_nu, "best": best,
     "gp_marginal": gp_marginal, "mv_student_t": mv_student_t, "dirichlet_multinomial": dirichlet_multinomial,
     "observed_ar1": observed_ar1, "measurement_error": measurement_error,
-    "exponential_decay_offset": exponential_decay_offset,
+    "exponential_decay_offset": exponential_decay_offset, "logistic_growth": logistic_growth,
+    "sinusoid": sinusoid, "emax_dose_response": emax_dose_response,
 }
 
 
@@ -569,7 +615,20 @@ def main() -> None:
     parser.add_argument("--no-linear-normal", action="store_true",
                         help="ablation: Normal likelihoods keep their affine Gaussian inputs on the grid "
                              "(pmkjit.ep.linear_normal off), as before robustness round 33")
+    parser.add_argument("--no-one-site-gaussian-inputs", action="store_true",
+                        help="ablation: a Normal likelihood of four or more shared scalars stays instance by "
+                             "instance (pmkjit.ep.collapsed_linear off), as before robustness round 34")
     args = parser.parse_args()
+    if args.no_one_site_gaussian_inputs:
+        from pmkjit.ep import collapsed
+
+        def collapsible_before(factor):
+            layout = collapsed._layout(factor)
+            return layout is not None and layout[2] != "gaussian inputs"
+
+        fit_module = sys.modules["pmkjit.fit"]
+        fit_module.integrates_gaussian_inputs = lambda factor: False
+        fit_module.collapsible = collapsible_before
     if args.no_grid:
         sys.modules["pmkjit.fit"].grid_possible = lambda factor: False
     if args.no_linear_normal:
@@ -588,8 +647,10 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "command": "python benchmarks/gallery_vs_nuts.py" + (" --models " + " ".join(args.models)
                                                           if args.models != list(MODELS) else "")
-        + (" --no-grid" if args.no_grid else "") + (" --no-linear-normal" if args.no_linear_normal else ""),
+        + (" --no-grid" if args.no_grid else "") + (" --no-linear-normal" if args.no_linear_normal else "")
+        + (" --no-one-site-gaussian-inputs" if args.no_one_site_gaussian_inputs else ""),
         "grid_oracle": not args.no_grid, "linear_normal": not args.no_linear_normal,
+        "one_site_gaussian_inputs": not args.no_one_site_gaussian_inputs,
         "code": code, "seed": args.seed, "n": N, "missing": MISSING, "rows": rows,
         "machine": {"python": platform.python_version(), "pymc": pm.__version__, "cpus": __import__("os").cpu_count()},
     }, indent=1))

@@ -20,7 +20,8 @@ from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine, schedule
 from pmkjit.ep.methods import FactorOracle, KJITMethod, concatenate_answers, grid_possible, quadrature_possible
-from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible
+from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, integrates_gaussian_inputs
+from pmkjit.ep.collapsed_linear import CollapsedLinearNormal
 from pmkjit.ep.hierarchy import CollapsedPrior, collapsible_prior
 from pmkjit.ep.grouped import GroupedLikelihood, groupable
 from pmkjit.ep.joint import JointQuadrature
@@ -39,8 +40,9 @@ from pmkjit.diagnostics.model import (
     warn_non_centred, warn_scales_traded_through_latents,
 )
 from pmkjit.diagnostics.posterior import (
-    warn_correlated_hyperparameters, warn_correlated_pairs, warn_impossible_observations, warn_one_site_refused,
-    warn_overlapping_components, warn_unconditional_centred_draws,
+    warn_correlated_hyperparameters, warn_correlated_pairs, warn_impossible_observations,
+    warn_one_site_dropped_correlation, warn_one_site_refused, warn_overlapping_components,
+    warn_unconditional_centred_draws,
 )
 from pmkjit.inference_data import NoOracle, as_original, assemble_inference_data, ep_group, ep_posterior
 from pmkjit.graph.centre import centre_non_centred
@@ -248,9 +250,11 @@ def fit(
     warn_non_centred(graph)
     warn_scales_traded_through_latents(graph)
     warn_latent_conditions(original)  # (the names the user wrote)
-    warn_bounded_beside_linear(graph, signed_latents(original, bounded))
     warn_latent_skewness(model)
     methods, kjits, oracles = _methods(graph, method, oracle, store, n_importance_samples, tol, rng)
+    # (not for likelihoods fitted as one site: their law keeps the correlation)
+    warn_bounded_beside_linear(graph, signed_latents(original, bounded), one_site=frozenset(
+        fi for fi, m in enumerate(methods) if isinstance(m, (CollapsedLikelihood, GroupedLikelihood))))
     # EP's own linear algebra is on the joint Gaussian of the real latents (tens to
     # hundreds of dimensions) and on N x dim plate arrays: too small for OpenBLAS's threads
     # to pay, and on a shared machine their spinning made each posterior update ~100x
@@ -364,7 +368,8 @@ def fit(
         timings["draws"] = time.perf_counter() - t0
         with _named_as_written(bounded, sys._getframe(1).f_globals, sticks):
             warn_one_site_refused(graph, methods)
-            warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly))
+            dropped = warn_one_site_dropped_correlation(graph, methods)
+            warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly), warned=dropped)
             # a grouped Student-t's nu is drawn from its groups' laws only where they could be drawn
             # (else from EP's Gamma, short of the law's right tail: 0.74 of NUTS's sd)
             warn_latent_degrees_of_freedom(model, whole=frozenset(
@@ -556,13 +561,18 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             kjits.append(None)
             oracles.append(NoOracle("semi-analytic"))
             continue
-        if f.linear_normal is not None and not (
-                oracle == "auto" and method == "kjit" and (collapsible(f) or groupable(f))):
+        one_site = oracle == "auto" and method == "kjit"
+        integrated = one_site and integrates_gaussian_inputs(f)
+        if f.linear_normal is not None and (integrated or not (one_site and (collapsible(f) or groupable(f)))):
             # a Normal likelihood whose Gaussian inputs integrate out given the others (a
             # measurement-error regression): exact in them, the grid over the rest, for any
-            # method; a likelihood of a few shared scalars keeps its one site below
+            # method; a likelihood of a few shared scalars keeps its one site below, and one
+            # of more shared scalars has one site with its Gaussian ones integrated out
+            # (c + A exp(-k t): instance by instance, EP crawled and stopped 0.7 sd off)
             kind = "grid" if grid_possible(f) else "importance"
             semi = LinearNormalMethod(f, FactorOracle(f, kind, n_samples=n_samples, rng=sub))
+            if integrated:
+                semi = CollapsedLinearNormal(f, semi)
             methods.append(semi)
             kjits.append(None)
             oracles.append(semi)

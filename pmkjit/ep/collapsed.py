@@ -43,7 +43,7 @@ from pmkjit.operators.grid import GridOracle
 from pmkjit.operators.oracle import project_beliefs
 from pmkjit.operators.quadrature import QuadratureOracle
 
-__all__ = ["CollapsedLikelihood", "collapsible"]
+__all__ = ["CollapsedLikelihood", "collapsible", "integrates_gaussian_inputs"]
 
 _MAX_LATENTS = 3  # adaptive quadrature up to two, the grid for three
 _MAX_REGRESSION_DIMS = 4  # a regression's predictor (two or three coordinates) and its elements, on the rotated grid
@@ -111,7 +111,8 @@ _MAX_CUBATURE_EVALUATIONS = 5e7  # distinct instances x nodes x points of the co
 
 
 def collapsible(f: BlackBoxFactor) -> bool:
-    """Whether every instance of likelihood ``f`` reads the same two or three scalar latents.
+    """Whether every instance of likelihood ``f`` reads the same two or three scalar latents
+    (or more, where a Normal's Gaussian ones integrate out: :func:`integrates_gaussian_inputs`).
 
     Element slots must name one element for all instances; linear slots must be multiples
     of one projection of the Gaussian block, with any offsets (``s_n * b + d_n``: data
@@ -123,11 +124,21 @@ def collapsible(f: BlackBoxFactor) -> bool:
     return _layout(f) is not None
 
 
+def integrates_gaussian_inputs(f: BlackBoxFactor) -> bool:
+    """Whether likelihood ``f`` is collapsible with its Gaussian inputs integrated out in closed
+    form (:class:`pmkjit.ep.collapsed_linear.CollapsedLinearNormal`): a Normal likelihood of
+    four or more shared scalars whose mean is affine in the Gaussian ones given one to three
+    others (:mod:`pmkjit.graph.linear_normal`)."""
+    layout = _layout(f)
+    return layout is not None and layout[2] == "gaussian inputs"
+
+
 def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
     """Per latent input of ``f``, None (an element) or the basis ``(R, C, d)`` of a linear
     slot; the position of the one regression slot (rank two or more) if any, and how its law
-    is integrated (``"grid"``, the rotated grid, or ``"laplace"``, nested Laplace); None
-    where ``f`` is not collapsible."""
+    is integrated (``"grid"``, the rotated grid, or ``"laplace"``, nested Laplace), or
+    ``"gaussian inputs"`` for a Normal's scalars of which the Gaussian ones integrate out in
+    closed form; None where ``f`` is not collapsible."""
     if (f.kind != "likelihood" or f.logp is None or f.density_source != "pymc" or f.observed is None
             or f.analytic is not None or f.mixture is not None or f.joint or f.from_prior):
         return None
@@ -163,8 +174,16 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
             return None
     dims = sum(1 if b is None else b[0].size for b in bases)
     if block is None:
-        return (bases, None, None) if dims <= _MAX_LATENTS and (
-            dims < 3 or all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent)) else None
+        if dims <= _MAX_LATENTS and (dims < 3 or all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent)):
+            return bases, None, None
+        # more scalars than the grid takes, where the Gaussian ones integrate out in closed
+        # form given the others (pmkjit.ep.collapsed_linear)
+        spec = f.linear_normal
+        if spec is not None and len(spec.rest) <= _MAX_REGRESSION_DIMS and (
+                _SITE_NODES[len(spec.rest)][1] ** len(spec.rest) * f.size * (len(spec.linear) + 1)
+                <= _MAX_REGRESSION_EVALUATIONS):
+            return bases, None, "gaussian inputs"
+        return None
     if not all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent):
         return None
     # the regression's coefficients beside elements only (another linear slot's
@@ -326,6 +345,8 @@ class CollapsedLikelihood(OneSite):
         per-instance oracle handed to importance sampling.
     """
 
+    _integrates_gaussian_inputs = False
+
     def __init__(self, factor: BlackBoxFactor, per_instance):
         layout = _layout(factor)
         if layout is None:
@@ -338,6 +359,10 @@ class CollapsedLikelihood(OneSite):
         # regression's predictor a + b * x_n instead has reference instances R and
         # eta_n = C_n . eta_R + d_n, its k coordinates of the law jointly Gaussian a priori
         bases, self._block, self._integrator = layout
+        if (self._integrator == "gaussian inputs") != self._integrates_gaussian_inputs:
+            raise ValueError(f"{factor.name}: integrate it with "
+                             + ("CollapsedLinearNormal" if self._integrates_gaussian_inputs is False
+                                else "CollapsedLikelihood"))
         self._linear = [None if b is None or b[0].size > 1 else (int(b[0][0]), b[1][:, 0], b[2]) for b in bases]
         self._basis = None if self._block is None else bases[self._block]
         self._dims = [1 if b is None else b[0].size for b in bases]  # coordinates of each latent input
@@ -381,7 +406,7 @@ class CollapsedLikelihood(OneSite):
         if found is None:
             return None
         cavities, ref = found
-        if not all(np.all(c.is_proper()) for c in cavities):
+        if not all_proper(cavities):
             return self._sites_of_improper_cavity(cavities, marginals, ref)
         self.n_integrals += 1
         if len(cavities) == 3:
@@ -787,7 +812,7 @@ class CollapsedLikelihood(OneSite):
         cavities, ref = found
         m = len(cavities)
         draws = self._draws_on_rotated_grid(cavities, *_marginal_frames(marginals, ref), n, rng, priors)
-        if draws is None and m == 2 and all(np.all(c.is_proper()) for c in cavities):
+        if draws is None and m == 2 and all_proper(cavities):
             draws = self._draws_on_wide_grid(cavities, marginals, ref, n, rng, priors)
         return draws
 
@@ -1136,31 +1161,40 @@ class CollapsedLikelihood(OneSite):
         G = int(np.prod(shape, dtype=int))
         flat = [np.asarray(x, dtype=float).reshape(G) for x in xs]
         total = np.zeros(G)
-        step = max(1, _CHUNK // max(G, 1))
-        n_distinct = self._rows.size
-        for lo in range(0, n_distinct, step):
-            n = slice(lo, min(n_distinct, lo + step))
-            rows = self._rows[n]
-            width = n.stop - n.start
-            ins, k, j = [], 0, 0  # latent input k reads coordinates j, ..., j + dims[k] - 1
-            for i in range(len(f.inputs)):
-                if i in self._data:
-                    ins.append(np.ascontiguousarray(np.broadcast_to(self._data[i][n], (G, width))))
-                    continue
-                x = flat[j][:, None]
-                if k == self._block:
-                    _, C, d = self._basis
-                    ins.append(sum(C[None, rows, r] * flat[j + r][:, None] for r in range(C.shape[1])) + d[None, rows])
-                elif self._linear[k] is None:
-                    ins.append(np.ascontiguousarray(np.broadcast_to(x, (G, width))))
-                else:
-                    _, sc, d = self._linear[k]
-                    ins.append(sc[None, rows] * x + d[None, rows])
-                j += self._dims[k]
-                k += 1
-            y = np.ascontiguousarray(np.broadcast_to(self._y[n], (G, width)))
-            total += np.asarray(f.logp(y, tuple(ins)), dtype=float) @ self._count[n]
+        for n in self._chunks(G):
+            y = np.ascontiguousarray(np.broadcast_to(self._y[n], (G, n.stop - n.start)))
+            total += np.asarray(f.logp(y, tuple(self._inputs(flat, n))), dtype=float) @ self._count[n]
         return total.reshape(shape)
+
+    def _chunks(self, G: int) -> list[slice]:
+        """Slices of the distinct instances, each evaluated at ``G`` nodes at once."""
+        step = max(1, _CHUNK // max(G, 1))
+        return [slice(lo, min(self._rows.size, lo + step)) for lo in range(0, self._rows.size, step)]
+
+    def _inputs(self, flat: Sequence[np.ndarray], n: slice) -> list[np.ndarray]:
+        """Every input of the distinct instances ``n`` at the nodes ``flat`` (one ``(G,)`` array
+        per coordinate of the law), ``(G, width)`` each."""
+        f = self.factor
+        G = flat[0].size
+        rows = self._rows[n]
+        width = n.stop - n.start
+        ins, k, j = [], 0, 0  # latent input k reads coordinates j, ..., j + dims[k] - 1
+        for i in range(len(f.inputs)):
+            if i in self._data:
+                ins.append(np.ascontiguousarray(np.broadcast_to(self._data[i][n], (G, width))))
+                continue
+            x = flat[j][:, None]
+            if k == self._block:
+                _, C, d = self._basis
+                ins.append(sum(C[None, rows, r] * flat[j + r][:, None] for r in range(C.shape[1])) + d[None, rows])
+            elif self._linear[k] is None:
+                ins.append(np.ascontiguousarray(np.broadcast_to(x, (G, width))))
+            else:
+                _, sc, d = self._linear[k]
+                ins.append(sc[None, rows] * x + d[None, rows])
+            j += self._dims[k]
+            k += 1
+        return ins
 
 
 def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, np.ndarray],
@@ -1431,6 +1465,11 @@ def _cubature(k: int, most: float) -> tuple[np.ndarray, np.ndarray] | None:
             pts.append(p)
         wts.append(np.full(4 * i.size, 1.0 / (k + 2) ** 2))
     return np.concatenate(pts), np.concatenate(wts)
+
+
+def all_proper(laws: Sequence[ExponentialFamily]) -> bool:
+    """Whether every entry of every law is a proper law of its family."""
+    return all(np.all(law.is_proper()) for law in laws)
 
 
 def _marginal_frames(marginals, ref) -> tuple[np.ndarray, np.ndarray]:

@@ -36,6 +36,7 @@ from pmkjit.ep.collapsed import (
     _exact_priors,
     _log_cavities,
     _marginal_frames,
+    all_proper,
     rotated_grid,
 )
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
@@ -194,7 +195,7 @@ class CollapsedPrior(OneSite):
             # this one have sites), which says nothing of the hyperparameters: no refusal
             return None
         priors = None
-        if self._graph is not None and state is not None and not all(np.all(c.is_proper()) for c in found[0]):
+        if self._graph is not None and state is not None and not all_proper(found[0]):
             # an improper cavity (a HalfCauchy's Gamma site, lam^-1.03) can leave the law itself
             # improper at 0, where the prior's exact density is flat: the law with that density
             # in place of the site, as the joint draws have it
