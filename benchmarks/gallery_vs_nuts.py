@@ -26,8 +26,9 @@ others (``pmkjit.ep.linear_normal``: a measurement-error regression and a decay 
 latent level; ``--no-linear-normal`` keeps them on the grid, as before); then three curves of
 four or five shared scalars, fitted as one site with their Gaussian ones integrated out
 (``pmkjit.ep.collapsed_linear``, like the decay: logistic growth, a sinusoid with a phase on
-an interval, a sigmoid Emax dose-response curve; ``--no-one-site-gaussian-inputs`` leaves
-them instance by instance, as before). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
+an interval, a sigmoid Emax dose-response curve) and two with a group's effect (an amplitude
+per group, an offset per group beside a decay; ``--no-one-site-gaussian-inputs`` leaves them
+all instance by instance, as before). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
 2,500 draws: with 2 x 1,000 the reference's own error reached 0.2 sd in sds of group scales)
 and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
@@ -551,6 +552,31 @@ def emax_dose_response(seed):
     return m
 
 
+def decay_group_amplitudes(seed):
+    """y ~ Normal(A[g] exp(-k t), s): one amplitude per group (3), a shared rate and noise."""
+    rng = np.random.default_rng(seed)
+    t = np.tile(np.linspace(0.2, 5, 20), 3)
+    g = np.repeat(np.arange(3), 20)
+    y = np.array([2.0, 3.0, 4.0])[g] * np.exp(-0.7 * t) + rng.normal(0, 0.2, t.size)
+    with pm.Model(coords={"group": ["a", "b", "c"]}) as m:
+        A = pm.Normal("A", 0, 10, dims="group")
+        pm.Normal("y", A[g] * pm.math.exp(-pm.HalfNormal("k", 2) * t), pm.HalfNormal("s", 1), observed=y)
+    return m
+
+
+def decay_group_offsets(seed):
+    """y ~ Normal(a[g] + b exp(-x / l), s): an offset per group (4) beside a shared decay."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, 4, 80)
+    x = rng.uniform(0, 5, 80)
+    y = rng.normal(0, 1, 4)[g] + 3 * np.exp(-x / 1.5) + rng.normal(0, 0.3, 80)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 2, shape=4)
+        b = pm.Normal("b", 0, 5)
+        pm.Normal("y", a[g] + b * pm.math.exp(-x / pm.LogNormal("l", 0, 1)), pm.HalfNormal("s", 1), observed=y)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -572,6 +598,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "observed_ar1": observed_ar1, "measurement_error": measurement_error,
     "exponential_decay_offset": exponential_decay_offset, "logistic_growth": logistic_growth,
     "sinusoid": sinusoid, "emax_dose_response": emax_dose_response,
+    "decay_group_amplitudes": decay_group_amplitudes, "decay_group_offsets": decay_group_offsets,
 }
 
 

@@ -247,14 +247,15 @@ def fit(
         raise UnsupportedModelError(message) from None
     timings["graph"] = time.perf_counter() - t0
 
-    warn_non_centred(graph)
     warn_scales_traded_through_latents(graph)
     warn_latent_conditions(original)  # (the names the user wrote)
     warn_latent_skewness(model)
     methods, kjits, oracles = _methods(graph, method, oracle, store, n_importance_samples, tol, rng)
     # (not for likelihoods fitted as one site: their law keeps the correlation)
-    warn_bounded_beside_linear(graph, signed_latents(original, bounded), one_site=frozenset(
-        fi for fi, m in enumerate(methods) if isinstance(m, (CollapsedLikelihood, GroupedLikelihood))))
+    likelihood_sites = frozenset(
+        fi for fi, m in enumerate(methods) if isinstance(m, (CollapsedLikelihood, GroupedLikelihood)))
+    warn_non_centred(graph, likelihood_sites)
+    warn_bounded_beside_linear(graph, signed_latents(original, bounded), one_site=likelihood_sites)
     # EP's own linear algebra is on the joint Gaussian of the real latents (tens to
     # hundreds of dimensions) and on N x dim plate arrays: too small for OpenBLAS's threads
     # to pay, and on a shared machine their spinning made each posterior update ~100x

@@ -504,11 +504,11 @@ def _warn_correlated_beside_own(graph, f, state, h, sd_ratio) -> None:
 def _warn_correlated_beside_group(graph, f, state, h, sd_ratio) -> None:
     """Warn where a Normal likelihood correlates a group's effect with shared scalars.
 
-    ``y ~ Normal(A[g] * exp(-k * t), s)`` with three groups (60 points, robustness round 34)
-    reads one Gaussian input per group and the shared rate ``k``: no one site takes it (the
-    groups' effects are one linear slot whose joint site cannot be split over its
-    instances), so each observation's site is its own, which drops the correlation of each
-    ``A[g]`` with ``k``, and EP converged with ``k``'s sd 0.69 of NUTS's, silently. As
+    ``y ~ Normal(A[g] * exp(-k * t), s)`` reads one Gaussian input per group and the shared
+    rate ``k``. Up to twelve groups it is one site (:mod:`pmkjit.ep.collapsed_linear`); with
+    more, each observation's site is its own, which drops the correlation of each ``A[g]``
+    with ``k``: with three groups instance by instance (60 points, robustness round 34) EP
+    converged with ``k``'s sd 0.69 of NUTS's, silently. As
     :func:`_warn_correlated_beside_own`: the Gauss-Newton curvature of the mean in the
     groups' effects and the shared scalars at EP's posterior means, plus the rest of each
     one's EP precision, is a joint precision ``Q``, and a coordinate's sd under separate
@@ -586,7 +586,7 @@ def _warn_correlated_beside_group(graph, f, state, h, sd_ratio) -> None:
             f"({columns.size} groups) with {', '.join(names[j] for j in below)} (its curvature at EP's posterior "
             "means), which EP's "
             f"separate messages for them leave out: their posterior sds may be about {low} of the exact ones "
-            "(a decay A[g] exp(-k t) with three groups: k 0.69 of NUTS's). Compare with pm.sample",
+            "(a decay A[g] exp(-k t) with three groups, fitted so: k 0.69 of NUTS's). Compare with pm.sample",
             UserWarning,
             stacklevel=4,
         )

@@ -178,12 +178,13 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
             return bases, None, None
         # more scalars than the grid takes, where the Gaussian ones integrate out in closed
         # form given the others (pmkjit.ep.collapsed_linear)
-        spec = f.linear_normal
-        if spec is not None and len(spec.rest) <= _MAX_REGRESSION_DIMS and (
-                _SITE_NODES[len(spec.rest)][1] ** len(spec.rest) * f.size * (len(spec.linear) + 1)
-                <= _MAX_REGRESSION_EVALUATIONS):
-            return bases, None, "gaussian inputs"
-        return None
+        return (bases, None, "gaussian inputs") if _integrable(f) else None
+    # a group's effect (each instance reads one coordinate of the slot) beside shared scalars,
+    # the Gaussian ones integrated out in closed form: A[g] * exp(-k * t)
+    C = bases[block][1]
+    if latent[block] in (f.linear_normal.linear if f.linear_normal is not None else ()) and \
+            np.all(np.count_nonzero(C, axis=1) == 1) and _integrable(f):
+        return bases, block, "gaussian inputs"
     if not all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent):
         return None
     # the regression's coefficients beside elements only (another linear slot's
@@ -201,6 +202,16 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
     if dims - bases[block][0].size <= _MAX_LAPLACE_ELEMENTS:
         return bases, block, "laplace"
     return None
+
+
+def _integrable(f: BlackBoxFactor) -> bool:
+    """Whether a Normal likelihood's Gaussian inputs integrate out in closed form with the rest
+    (one to four scalars) on the rotated grid at an affordable cost (one evaluation of the
+    mean and sd, and one of the mean per Gaussian input, per node and instance)."""
+    spec = f.linear_normal
+    r = 0 if spec is None else len(spec.rest)
+    return spec is not None and r <= _MAX_REGRESSION_DIMS and (
+        _SITE_NODES[r][1] ** r * f.size * (len(spec.linear) + 1) <= _MAX_REGRESSION_EVALUATIONS)
 
 
 def _basis(slot: LinearSlot, max_rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

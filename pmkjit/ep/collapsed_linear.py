@@ -44,6 +44,7 @@ from pmkjit.ep.collapsed import (
     _log_cavities,
     _marginal_frames,
     _on_reference,
+    _to_instances,
     rotated_grid,
 )
 from pmkjit.families import ExponentialFamily, Gaussian
@@ -76,8 +77,14 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         spec = factor.linear_normal
         place = {i: k for k, i in enumerate(factor.latent_inputs)}
         self._gaussian = [place[i] for i in spec.linear]  # latent positions integrated in closed form
-        self._rest = [place[i] for i in spec.rest]  # latent positions on the grid
+        self._rest = [place[i] for i in spec.rest]  # latent positions on the grid (one coordinate each)
         self._params = spec.params
+        # the coordinates of the law each latent position reads: one, or a group effect's one
+        # per group (its reference instances'), each instance reading its group's
+        first = np.cumsum([0] + self._dims[:-1])
+        self._coordinates = {k: list(range(first[k], first[k] + self._dims[k])) for k in range(len(self._dims))}
+        self._z = [c for k in self._gaussian for c in self._coordinates[k]]  # the Gaussian coordinates, in order
+        self._member = None if self._block is None else np.argmax(self._basis[1] != 0, axis=1)
         # one evaluation of the mean and sd, and one of the mean per Gaussian scalar
         self._node_cost = self._cost * (len(self._gaussian) + 1)
         # the largest correlation of two Gaussian scalars in their joint cavity and in their
@@ -115,24 +122,52 @@ class CollapsedLinearNormal(CollapsedLikelihood):
             return None
         mean, cov = checked
         r = len(self._rest)
-        stats = np.full((len(cavities), 1, 3), np.nan)
+        stats = np.full((r, 1, 3), np.nan)
         for j, k in enumerate(self._rest):
-            stats[k, 0, :2] = w @ type(cavities[k]).sufficient_statistics_unconstrained(X[:, j])
-            stats[k, 0, 2] = cov[j, j]
+            stats[j, 0, :2] = w @ type(cavities[k]).sufficient_statistics_unconstrained(X[:, j])
+            stats[j, 0, 2] = cov[j, j]
+        beliefs, accepted = project_beliefs([type(c) for c in rest], stats, np.ones(1, bool))
+        if not bool(np.asarray(accepted)[0]):
+            return None
         m, V = cavity
         self.cavity_correlation = _largest_correlation(V)
         self.tilted_correlation = _largest_correlation(cov[r:, r:])
-        dividing = list(cavities)
-        for j, k in enumerate(self._gaussian):
-            mu = m[j] + mean[r + j]
-            stats[k, 0] = mu, cov[r + j, r + j] + mu**2, cov[r + j, r + j]
-            # each scalar's site is its tilted marginal less its joint cavity's marginal
-            dividing[k] = Gaussian(m[j:j + 1], V[j, j:j + 1])
-        beliefs, accepted = project_beliefs([type(c) for c in cavities], stats, np.ones(1, bool))
-        if not bool(np.asarray(accepted)[0]):
-            return None
+        # each Gaussian coordinate's site: its tilted marginal less its joint cavity's marginal
+        with np.errstate(all="ignore"):
+            z_sites = (np.asarray(Gaussian(m + mean[r:], np.diag(cov)[r:]).natural, dtype=float)
+                       - np.asarray(Gaussian(m, np.diag(V)).natural, dtype=float))
+        out, j = [], 0
+        for k, cav in enumerate(cavities):
+            if k in self._rest:
+                b = beliefs[self._rest.index(k)]
+                delta = (np.asarray(b.natural, dtype=float) - np.asarray(cav.natural, dtype=float))[0]
+            else:
+                delta = z_sites[j:j + self._dims[k]]
+                j += self._dims[k]
+            if not np.all(np.isfinite(delta)):
+                return None
+            if k == self._block:
+                out.append(self._group_sites(delta))
+            elif self._linear[k] is None:
+                out.append(np.broadcast_to(delta / self.factor.size, (self.factor.size, 2)).copy())
+            else:
+                # shares of the site in eta_r proportional to s_n^2, each written on its eta_n
+                _, sc, d = self._linear[k]
+                delta = delta.reshape(-1)
+                out.append(_to_instances(delta[:1], delta[1:].reshape(1, 1), sc[:, None], d, self._splits[k]))
         self.n_integrals += 1
-        return self._instance_sites(beliefs, dividing)
+        return out
+
+    def _group_sites(self, delta: np.ndarray) -> np.ndarray:
+        """A site per group, ``delta`` ``(groups, 2)`` (natural parameters on each group's
+        reference predictor), as the instances' sites ``(N, 2)`` on their own predictors
+        ``eta_n = C_n eta_R[j] + d_n``: each group's shares in proportion to ``C_n^2``."""
+        _, C, d = self._basis
+        n = np.arange(C.shape[0])
+        scale = C[n, self._member]
+        total = np.bincount(self._member, weights=scale**2, minlength=C.shape[1])
+        q = delta[self._member, 1] / total[self._member]
+        return np.stack([scale * delta[self._member, 0] / total[self._member] - 2.0 * q * d, q], axis=1)
 
     @property
     def drops_correlation(self) -> bool:
@@ -151,30 +186,36 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         exp(-k t) + c t``, stopped 0.32 NUTS sd off with ``a``'s sd 0.43 of NUTS's (robustness
         round 34). Without ``state``, the scalars' own cavities; None where the cavity is improper."""
         if state is None:
+            if self._block is not None:
+                return None
             m = np.array([float(np.asarray(cavities[k].mean())[0]) for k in self._gaussian])
             v = np.array([float(np.asarray(cavities[k].var())[0]) for k in self._gaussian])
             return m, np.diag(v)
         f = self.factor
-        rows, offsets, g, q = [], [], [], []
+        rows, offsets, g, Q = [], [], [], []
         for k in self._gaussian:
             slot = f.inputs[f.latent_inputs[k]]
-            r, sc, d = self._linear[k]
-            rows.append(np.asarray(slot.A, dtype=float).reshape(f.size, -1)[r])
-            offsets.append(float(np.broadcast_to(np.asarray(slot.c, dtype=float), (f.size,))[r]))
-            gk, Qk = _on_reference(np.asarray(sites[k], dtype=float), sc[:, None], d)
-            g.append(gk[0])
-            q.append(Qk[0, 0])
-        A = np.stack(rows)
-        mean_q = A @ state.mu + np.array(offsets)
+            if k == self._block:
+                R, C, d = self._basis
+            else:
+                r, sc, d = self._linear[k]
+                R, C = np.array([r]), sc[:, None]
+            rows.append(np.asarray(slot.A, dtype=float).reshape(f.size, -1)[R])
+            offsets.append(np.broadcast_to(np.asarray(slot.c, dtype=float), (f.size,))[R])
+            gk, Qk = _on_reference(np.asarray(sites[k], dtype=float), C, d)
+            g.append(gk)
+            Q.append(Qk)
+        A = np.concatenate(rows)
+        mean_q = A @ state.mu + np.concatenate(offsets)
         Z = linalg.solve_triangular(state.chol, A.T, lower=True, check_finite=False)
         try:
             P_q = linalg.cho_solve(linalg.cho_factor(Z.T @ Z, lower=True), np.eye(A.shape[0]))
-            P = P_q + 2.0 * np.diag(q)  # (q is minus half each site's precision)
+            P = P_q + 2.0 * linalg.block_diag(*Q)  # (Q is minus half the sites' precision)
             L = np.linalg.cholesky(P)
         except np.linalg.LinAlgError:
             return None
         V = linalg.cho_solve((L, True), np.eye(A.shape[0]))
-        m = V @ (P_q @ mean_q - np.array(g))
+        m = V @ (P_q @ mean_q - np.concatenate(g))
         return (m, V) if np.all(np.isfinite(m)) and np.all(np.isfinite(V)) else None
 
     def _law(self, cavities, cavity, marginals, ref, nodes: tuple[int, int], evaluations: float,
@@ -227,21 +268,30 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         A = np.zeros((G, k, k))  # G' D^-1 G
         b = np.zeros((G, k))  # G' D^-1 r
         q = np.zeros(G)  # r' D^-1 r + sum log(2 pi sigma^2)
-        flat = [None] * (len(xs) + k)
+        flat = [None] * (len(xs) + k)  # the law's coordinates
         for j, pos in enumerate(self._rest):
-            flat[pos] = np.asarray(xs[j], dtype=float).ravel()
+            flat[self._coordinates[pos][0]] = np.asarray(xs[j], dtype=float).ravel()
+        for j, c in enumerate(self._z):
+            flat[c] = np.full(G, m[j])
         for n in self._chunks(G):
-            at = list(flat)
-            for j, pos in enumerate(self._gaussian):
-                at[pos] = np.full(G, m[j])
-            mu0, sigma = self._parameters(self._inputs(at, n))
-            slopes = []
-            for j, pos in enumerate(self._gaussian):
-                # the mean's slope in z_j, from one step of z_j's cavity sd (exact: affine)
-                moved = list(at)
-                moved[pos] = at[pos] + sd[j]
-                slopes.append((self._parameters(self._inputs(moved, n))[0] - mu0) / sd[j])
-            g = np.stack(slopes, axis=-1)  # (G, width, k)
+            width = n.stop - n.start
+            mu0, sigma = self._parameters(self._inputs(flat, n))
+            g = np.zeros((G, width, k))
+            j = 0
+            for pos in self._gaussian:
+                # the mean's slope in each coordinate, from one step of its cavity sd (exact:
+                # affine); a group effect's coordinates all at once, as each instance reads one
+                coordinates = self._coordinates[pos]
+                moved = list(flat)
+                for i, c in enumerate(coordinates):
+                    moved[c] = flat[c] + sd[j + i]
+                change = self._parameters(self._inputs(moved, n))[0] - mu0
+                if pos == self._block:
+                    own = j + self._member[self._rows[n]]
+                    g[:, np.arange(width), own] = change / sd[own]
+                else:
+                    g[..., j] = change / sd[j]
+                j += len(coordinates)
             c = self._count[n]
             prec = c / sigma**2
             r = self._y[n][None, :] - mu0
@@ -275,6 +325,8 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         of its site (:meth:`CollapsedLikelihood.joint_draws`), used for the other scalars (the
         Gaussian ones keep their Gaussian cavity); None where a cavity is improper or no grid
         contains the law."""
+        if self._block is not None:
+            return None  # a group effect's coordinates: EP's draws (warned as independent)
         found = self._cavities(marginals, sites)
         if found is None:
             return None
