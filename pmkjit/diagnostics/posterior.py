@@ -453,22 +453,10 @@ def _warn_correlated_beside_own(graph, f, state, h, sd_ratio) -> None:
     N = f.size
     if any(isinstance(f.inputs[i], ElementSlot) and np.asarray(f.inputs[i].index).size != N for i in latent):
         return  # an element slot of several indices per observation
-    values, variances = [], {}
-    for i, slot in enumerate(f.inputs):
-        if i not in latent:
-            values.append(np.broadcast_to(np.asarray(slot.values, dtype=float), (N,)))
-        elif isinstance(slot, ElementSlot):
-            marg = slot.family.from_natural(state.element_natural[slot.variable][np.asarray(slot.index).reshape(N)])
-            values.append(np.asarray(marg.mean(), dtype=float))
-        else:
-            A = np.asarray(slot.A, dtype=float).reshape(N, -1)
-            values.append(A @ np.asarray(state.mu) + slot.c)
-            Z = linalg.solve_triangular(state.chol, A.T, lower=True, check_finite=False)
-            variances[i] = np.sum(Z**2, axis=0)
+    values, variances = _inputs_at_means(f, state)
 
     def mean_at(i=None, step=0.0):
-        ins = [v + step if j == i else v for j, v in enumerate(values)]
-        return [np.broadcast_to(np.asarray(a, dtype=float), (N,)) for a in spec.params(*ins)]
+        return _parameters_at(spec, values, i, step)
 
     try:
         with np.errstate(all="ignore"):
@@ -536,25 +524,12 @@ def _warn_correlated_beside_group(graph, f, state, h, sd_ratio) -> None:
             return
     if group is None or not shared:
         return
-    values, steps, precisions = [], {}, {}
-    for i, slot in enumerate(f.inputs):
-        if i not in latent:
-            values.append(np.broadcast_to(np.asarray(slot.values, dtype=float), (N,)))
-        elif isinstance(slot, ElementSlot):
-            marg = slot.family.from_natural(state.element_natural[slot.variable][np.asarray(slot.index).reshape(N)])
-            values.append(np.asarray(marg.mean(), dtype=float))
-            var = np.asarray(marg.var(), dtype=float)
-            steps[i], precisions[i] = h * np.sqrt(var), 1.0 / var[0]
-        else:
-            A = np.asarray(slot.A, dtype=float).reshape(N, -1)
-            values.append(A @ np.asarray(state.mu) + slot.c)
-            Z = linalg.solve_triangular(state.chol, A.T, lower=True, check_finite=False)
-            var = np.sum(Z**2, axis=0)
-            steps[i], precisions[i] = h * np.sqrt(var), 1.0 / var
+    values, variances = _inputs_at_means(f, state)
+    steps = {i: h * np.sqrt(v) for i, v in variances.items()}
+    precisions = {i: 1.0 / v for i, v in variances.items()}
 
     def mean_at(i=None, step=0.0):
-        ins = [v + step if j == i else v for j, v in enumerate(values)]
-        return [np.broadcast_to(np.asarray(a, dtype=float), (N,)) for a in spec.params(*ins)]
+        return _parameters_at(spec, values, i, step)
 
     try:
         with np.errstate(all="ignore"):
@@ -572,7 +547,7 @@ def _warn_correlated_beside_group(graph, f, state, h, sd_ratio) -> None:
         G[:, columns.size + j] = grads[i]
     M = np.einsum("n,np,nq->pq", 1.0 / sigma**2, G, G)
     first = np.array([np.flatnonzero(member == c)[0] for c in range(columns.size)])
-    ep_precision = np.concatenate([precisions[group][first], [np.atleast_1d(precisions[i])[0] for i in shared]])
+    ep_precision = np.concatenate([precisions[group][first], [precisions[i][0] for i in shared]])
     Q = M + np.diag(np.maximum(ep_precision - np.diag(M), 0.0))
     if not (np.isfinite(Q).all() and np.linalg.eigvalsh(Q).min() > 0):
         return
@@ -590,6 +565,33 @@ def _warn_correlated_beside_group(graph, f, state, h, sd_ratio) -> None:
             UserWarning,
             stacklevel=4,
         )
+
+
+def _inputs_at_means(f, state) -> tuple[list[np.ndarray], dict[int, np.ndarray]]:
+    """Every input of likelihood ``f`` at EP's posterior means, ``(N,)`` each, and each latent
+    input's EP marginal variance per instance."""
+    N = f.size
+    values, variances = [], {}
+    for i, slot in enumerate(f.inputs):
+        if i not in f.latent_inputs:
+            values.append(np.broadcast_to(np.asarray(slot.values, dtype=float), (N,)))
+        elif isinstance(slot, ElementSlot):
+            marg = slot.family.from_natural(state.element_natural[slot.variable][np.asarray(slot.index).reshape(N)])
+            values.append(np.asarray(marg.mean(), dtype=float))
+            variances[i] = np.asarray(marg.var(), dtype=float)
+        else:
+            A = np.asarray(slot.A, dtype=float).reshape(N, -1)
+            values.append(A @ np.asarray(state.mu) + slot.c)
+            Z = linalg.solve_triangular(state.chol, A.T, lower=True, check_finite=False)
+            variances[i] = np.sum(Z**2, axis=0)
+    return values, variances
+
+
+def _parameters_at(spec, values: list[np.ndarray], i: int | None = None, step=0.0) -> list[np.ndarray]:
+    """A Normal likelihood's ``[mu, sigma]`` at its inputs ``values``, input ``i`` moved by ``step``."""
+    N = values[0].shape[0]
+    ins = [v + step if j == i else v for j, v in enumerate(values)]
+    return [np.broadcast_to(np.asarray(a, dtype=float), (N,)) for a in spec.params(*ins)]
 
 
 def _reads(slot) -> set[tuple]:

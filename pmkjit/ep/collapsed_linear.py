@@ -8,21 +8,29 @@ instance, EP crawled on the first and stopped 0.7 posterior sd off (robustness r
 and gave the second's ``w`` half of NUTS's sd. But the mean is affine in the Gaussian
 scalars ``z`` (``c``, ``A``; :mod:`pmkjit.graph.linear_normal`) given the others ``theta``
 (``k``, ``s``), so with ``mu_n = mu0_n(theta) + g_n(theta) . (z - m)`` around the cavity mean
-``m`` of ``z`` (cavity ``N(m, V)``, ``V`` diagonal), the whole likelihood integrates over
-``z`` in closed form:
+``m`` of ``z`` (their joint cavity ``N(m, V)``: EP's joint marginal of them less this
+factor's sites), the whole likelihood integrates over ``z`` in closed form:
 
     log integral prod_n N(y_n; mu_n, sigma_n^2) N(z; m, V) dz
         = -1/2 [sum_n log(2 pi sigma_n^2) + log det V + log det P + r' D^-1 r - b' P^-1 b],
     P = V^-1 + G' D^-1 G,  b = G' D^-1 r,  r = y - mu0,  D = diag(sigma^2),
     z | theta ~ N(m + P^-1 b, P^-1)
 
-(the Woodbury identity: ``k x k`` systems, ``k`` the number of Gaussian scalars). What is
-left is the law of ``theta`` alone, one to three coordinates, integrated on the rotated grid
-of :func:`~pmkjit.ep.collapsed.rotated_grid`; the moments of ``z`` are those of its
+(the Woodbury identity: ``k x k`` systems, ``k`` the number of Gaussian coordinates). What
+is left is the law of ``theta`` alone, one to four coordinates, integrated on the rotated
+grid of :func:`~pmkjit.ep.collapsed.rotated_grid`; the moments of ``z`` are those of its
 conditional Gaussians averaged over the same nodes, as nested Laplace averages a
 regression's coefficients. ``mu0`` and ``G`` come from the likelihood's own mean at ``m``
-and at ``m + sqrt(V_jj) e_j``: exact for an affine mean. Joint draws are exact the same
-way: ``theta`` from the grid, then ``z`` from its conditional Gaussian.
+and at ``m + sqrt(V_jj) e_j``: exact for an affine mean. Each Gaussian coordinate's site is
+its tilted marginal less its cavity's marginal (EP's sites are one per coordinate). Joint
+draws are exact the same way: ``theta`` from the grid, then ``z`` from its conditional
+Gaussian.
+
+A group's effect read by each observation as its own group's (``A[g] * exp(-k * t)``, one
+linear slot whose rows each pick one coordinate) is one coordinate per group: an
+observation's slope is in its group's coordinate alone, so one evaluation with every group's
+coordinate stepped gives them all, and each group's site is shared over its observations.
+Its draws are EP's (the rest of the draws could not be kept coherent with a group's).
 """
 
 from __future__ import annotations
@@ -105,14 +113,18 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         self._refused = 0 if out is not None else self._refused + 1
         return out
 
-    def _sites_in(self, marginals, sites, state):
+    def _all_cavities(self, marginals, sites, state) -> tuple | None:
+        """``(cavities, ref, (m, V))``: each latent's own cavity and reference instance, and the
+        Gaussian coordinates' joint cavity; None where one is improper."""
         found = self._cavities(marginals, sites)
+        cavity = None if found is None else self._gaussian_cavity(found[0], sites, state)
+        return None if cavity is None else (*found, cavity)
+
+    def _sites_in(self, marginals, sites, state):
+        found = self._all_cavities(marginals, sites, state)
         if found is None:
             return None
-        cavities, ref = found
-        cavity = self._gaussian_cavity(cavities, sites, state)
-        if cavity is None:
-            return None
+        cavities, ref, cavity = found
         law = self._law(cavities, cavity, marginals, ref, _SITE_NODES[len(self._rest)], _MAX_SITE_EVALUATIONS)
         if law is None:
             return None
@@ -327,13 +339,10 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         contains the law."""
         if self._block is not None:
             return None  # a group effect's coordinates: EP's draws (warned as independent)
-        found = self._cavities(marginals, sites)
+        found = self._all_cavities(marginals, sites, state)
         if found is None:
             return None
-        cavities, ref = found
-        cavity = self._gaussian_cavity(cavities, sites, state)
-        if cavity is None:
-            return None
+        cavities, ref, cavity = found
         r = len(self._rest)
         most = _DRAW_NODES[r]
         least = _MIN_DRAW_NODES[r]
