@@ -563,7 +563,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             oracles.append(NoOracle("semi-analytic"))
             continue
         one_site = oracle == "auto" and method == "kjit"
-        integrated = one_site and integrates_gaussian_inputs(f)
+        integrated = one_site and f.linear_normal is not None and integrates_gaussian_inputs(f)
         if f.linear_normal is not None and (integrated or not (one_site and (collapsible(f) or groupable(f)))):
             # a Normal likelihood whose Gaussian inputs integrate out given the others (a
             # measurement-error regression): exact in them, the grid over the rest, for any
