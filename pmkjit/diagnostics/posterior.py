@@ -398,10 +398,9 @@ def _warn_correlated_many(graph, f, state, values, moves, h, sd_ratio) -> None:
         H[i, j] = H[j, i] = (pp - pm_ - mp + mm) / (4 * h**2)
     if not (np.isfinite(H).all() and np.isfinite(uv).all() and np.all(uv > 0)):
         return
-    Q = -H + np.diag(np.maximum(1.0 / uv + np.diag(H), 0.0))
-    if np.linalg.eigvalsh(Q).min() <= 0:
+    ratios = _separate_sd_ratios(-H, 1.0 / uv)
+    if ratios is None:
         return
-    ratios = 1.0 / np.sqrt(np.diag(Q) * np.diag(np.linalg.inv(Q)))
     if ratios.min() < sd_ratio:
         low = ", ".join(f"{names[j]} {ratios[j]:.2f}" for j in np.argsort(ratios) if ratios[j] < sd_ratio)
         warnings.warn(
@@ -471,10 +470,9 @@ def _warn_correlated_beside_own(graph, f, state, h, sd_ratio) -> None:
         w = np.where(rest_own > 0, rest_own / (info_own + rest_own), 0.0)
     M = np.einsum("n,np,nq->pq", w / sigma**2, G, G)
     ep_precision = np.array([1.0 / variances[i][0] for i in shared])
-    Q = M + np.diag(np.maximum(ep_precision - np.diag(M), 0.0))
-    if not (np.isfinite(Q).all() and np.linalg.eigvalsh(Q).min() > 0):
+    ratios = _separate_sd_ratios(M, ep_precision)
+    if ratios is None:
         return
-    ratios = 1.0 / np.sqrt(np.diag(Q) * np.diag(np.linalg.inv(Q)))
     if ratios.min() < sd_ratio:
         names = [_latent_name(graph, f.inputs[i]) for i in shared]
         low = ", ".join(f"{names[j]} {ratios[j]:.2f}" for j in np.argsort(ratios) if ratios[j] < sd_ratio)
@@ -548,10 +546,10 @@ def _warn_correlated_beside_group(graph, f, state, h, sd_ratio) -> None:
     M = np.einsum("n,np,nq->pq", 1.0 / sigma**2, G, G)
     first = np.array([np.flatnonzero(member == c)[0] for c in range(columns.size)])
     ep_precision = np.concatenate([precisions[group][first], [precisions[i][0] for i in shared]])
-    Q = M + np.diag(np.maximum(ep_precision - np.diag(M), 0.0))
-    if not (np.isfinite(Q).all() and np.linalg.eigvalsh(Q).min() > 0):
+    ratios = _separate_sd_ratios(M, ep_precision)
+    if ratios is None:
         return
-    ratios = 1.0 / np.sqrt(np.diag(Q) * np.diag(np.linalg.inv(Q)))[columns.size:]
+    ratios = ratios[columns.size:]
     if ratios.min() < sd_ratio:
         names = [_latent_name(graph, f.inputs[i]) for i in shared]
         below = [j for j in np.argsort(ratios) if ratios[j] < sd_ratio]
@@ -565,6 +563,17 @@ def _warn_correlated_beside_group(graph, f, state, h, sd_ratio) -> None:
             UserWarning,
             stacklevel=4,
         )
+
+
+def _separate_sd_ratios(M: np.ndarray, precision: np.ndarray) -> np.ndarray | None:
+    """Each coordinate's sd under separate messages relative to its joint one,
+    ``1 / sqrt(Q_jj (Q^-1)_jj)``, for the joint precision ``Q``: the likelihood's curvature
+    ``M`` plus the rest of each coordinate's EP ``precision`` (what ``M`` does not supply);
+    None where ``Q`` is not finite and positive definite."""
+    Q = M + np.diag(np.maximum(precision - np.diag(M), 0.0))
+    if not (np.isfinite(Q).all() and np.linalg.eigvalsh(Q).min() > 0):
+        return None
+    return 1.0 / np.sqrt(np.diag(Q) * np.diag(np.linalg.inv(Q)))
 
 
 def _inputs_at_means(f, state) -> tuple[list[np.ndarray], dict[int, np.ndarray]]:
