@@ -242,12 +242,15 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         rest = [cavities[k] for k in self._rest]
         m, V = cavity
         r = len(rest)
+        last: dict = {}  # the last grid's nodes and their conditional Gaussians
 
         def log_law(U):
             with np.errstate(all="ignore"):
                 us = list(U.T)
-                total = _log_cavities(rest, us, priors) + self._integrated(
-                    [type(c).from_unconstrained(u) for c, u in zip(rest, us)], m, V)[0]
+                log_psi, last["shift"], last["cond"] = self._integrated(
+                    [type(c).from_unconstrained(u) for c, u in zip(rest, us)], m, V)
+                total = _log_cavities(rest, us, priors) + log_psi
+            last["U"] = U
             total = np.where(np.isnan(total) | (total == np.inf), -np.inf, total)
             return total if np.isfinite(total.max()) else None
 
@@ -260,9 +263,12 @@ class CollapsedLinearNormal(CollapsedLikelihood):
             return None
         Z, w, spacing, (c, L) = found
         X = c + Z @ L.T
-        with np.errstate(all="ignore"):
-            _, shift, cond = self._integrated(
-                [type(cav).from_unconstrained(X[:, j]) for j, cav in enumerate(rest)], m, V)
+        if np.array_equal(last["U"], X):  # the grid returned is the one last evaluated
+            shift, cond = last["shift"], last["cond"]
+        else:
+            with np.errstate(all="ignore"):
+                _, shift, cond = self._integrated(
+                    [type(cav).from_unconstrained(X[:, j]) for j, cav in enumerate(rest)], m, V)
         used = w > 0
         if not (np.all(np.isfinite(shift[used])) and np.all(np.isfinite(cond[used]))):
             return None
