@@ -28,7 +28,8 @@ four or five shared scalars, fitted as one site with their Gaussian ones integra
 (``pmkjit.ep.collapsed_linear``, like the decay: logistic growth, a sinusoid with a phase on
 an interval, a sigmoid Emax dose-response curve) and two with a group's effect (an amplitude
 per group, an offset per group beside a decay; ``--no-one-site-gaussian-inputs`` leaves them
-all instance by instance, as before). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
+all instance by instance, as before); last, ``pm.gp.HSGP`` with a latent length scale and
+amplitude, in both parametrisations and beside a linear trend (``pmkjit.graph.expansion``). The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and
 2,500 draws: with 2 x 1,000 the reference's own error reached 0.2 sd in sds of group scales)
 and to ``pmkjit.fit`` (2 x 1,000 draws). Reported per model: the largest
 |mean_EP - mean_NUTS| / sd_NUTS over every scalar latent (imputed entries included), the
@@ -577,6 +578,44 @@ def decay_group_offsets(seed):
     return m
 
 
+def _hsgp(seed, parametrization):
+    rng = np.random.default_rng(seed)
+    X = np.sort(rng.uniform(0, 10, N))[:, None]
+    y = np.sin(X[:, 0]) + 0.3 * rng.normal(size=N)
+    with pm.Model() as m:
+        ell = pm.InverseGamma("ell", 5, 5)
+        eta = pm.Exponential("eta", 1.0)
+        gp = pm.gp.HSGP(m=[15], c=1.5, cov_func=eta**2 * pm.gp.cov.ExpQuad(1, ls=ell),
+                        parametrization=parametrization)
+        pm.Normal("y", gp.prior("f", X=X), pm.HalfNormal("sigma", 1), observed=y)
+    return m
+
+
+def hsgp_latent(seed):
+    """pm.gp.HSGP (15 basis functions, PyMC's default non-centred form) with latent length
+    scale and amplitude under a Normal likelihood with a latent noise."""
+    return _hsgp(seed, "noncentered")
+
+
+def hsgp_latent_centred(seed):
+    """The same HSGP in its centred form (coefficients ~ Normal(0, sqrt(psd(ell, eta))))."""
+    return _hsgp(seed, "centered")
+
+
+def hsgp_trend(seed):
+    """A linear trend beside an HSGP (10 basis functions) with latent length scale and amplitude."""
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0, 10, N))
+    y = 0.5 + 0.3 * x + np.sin(x) + 0.3 * rng.normal(size=N)
+    with pm.Model() as m:
+        a, b = pm.Normal("a", 0, 2), pm.Normal("b", 0, 1)
+        ell = pm.InverseGamma("ell", 4, 6)
+        eta = pm.Exponential("eta", 1.0)
+        f = pm.gp.HSGP(m=[10], c=2.0, cov_func=eta**2 * pm.gp.cov.ExpQuad(1, ls=ell)).prior("f", X=x[:, None])
+        pm.Normal("y", a + b * x + f, pm.HalfNormal("sigma", 1), observed=y)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -599,6 +638,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "exponential_decay_offset": exponential_decay_offset, "logistic_growth": logistic_growth,
     "sinusoid": sinusoid, "emax_dose_response": emax_dose_response,
     "decay_group_amplitudes": decay_group_amplitudes, "decay_group_offsets": decay_group_offsets,
+    "hsgp_latent": hsgp_latent, "hsgp_latent_centred": hsgp_latent_centred, "hsgp_trend": hsgp_trend,
 }
 
 

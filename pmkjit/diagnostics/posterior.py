@@ -64,7 +64,7 @@ def warn_one_site_dropped_correlation(graph, methods: Sequence) -> frozenset[int
         if not getattr(m, "drops_correlation", False) or not m.current:
             continue
         warned.add(fi)
-        names = ", ".join(_latent_name(graph, f.inputs[f.latent_inputs[k]]) for k in m._gaussian)
+        names = _joined([_latent_name(graph, f.inputs[f.latent_inputs[k]]) for k in m._gaussian])
         warnings.warn(
             f"{f.name}: EP fits this likelihood with one site, {names} integrated out in closed form; the "
             f"likelihood correlates them (up to {m.tilted_correlation:.2f}) and so does another factor (up to "
@@ -174,7 +174,7 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                     # made from their laws (a group's Gaussian coordinate, drawn with the
                     # Gaussian block; elements another factor's law drew)
                     warnings.warn(
-                        f"{f.name}: EP's marginals of {', '.join(names)} are the projections of each group's joint "
+                        f"{f.name}: EP's marginals of {_joined(names)} are the projections of each group's joint "
                         "law under this likelihood onto their families, but its posterior draws of them are "
                         "independent (they could not be drawn from those laws), so a function of several of them "
                         "(a group's mean, a ratio) may have the wrong spread; compare with pm.sample",
@@ -191,7 +191,7 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                     # decay's entry at t = 0, which reads no rate, beside the other entries)
                     continue
                 warnings.warn(
-                    f"{f.name}: EP's marginals of {', '.join(names)} are the projections of their joint law under "
+                    f"{f.name}: EP's marginals of {_joined(names)} are the projections of their joint law under "
                     "this likelihood onto their families, but its posterior draws of them are independent (the "
                     "law could not be drawn from on a grid), so a function of several of them may have the "
                     "wrong spread; compare with pm.sample",
@@ -617,8 +617,20 @@ def _latent_name(graph, slot) -> str:
         var = graph.variables.get(slot.variable)
         return slot.variable if var is None or var.size == 1 else f"{slot.variable}[{int(slot.index[0])}]"
     read = np.flatnonzero(np.any(np.asarray(slot.A) != 0, axis=0))
+    if read.size == 1:  # one coordinate: of a vector, by its index (an HSGP's coefficient)
+        var = next((v for v in graph.gaussian_variables if v.offset <= read[0] < v.offset + v.size), None)
+        if var is not None and var.size > 1:
+            return f"{var.name}[{int(read[0]) - var.offset}]"
     return " + ".join(v.name for v in graph.gaussian_variables
                       if np.any((read >= v.offset) & (read < v.offset + v.size))) or slot.label
+
+
+def _joined(names) -> str:
+    """``names`` joined, the entries of one vector (``f[0]``, ``f[1]``, ...) as one item."""
+    bases = [n.split("[")[0] for n in names]
+    counts = {b: bases.count(b) for b in bases}
+    items = [f"{b} ({counts[b]} entries)" if counts[b] > 1 else n for n, b in zip(names, bases)]
+    return ", ".join(dict.fromkeys(items))
 
 
 def _warn_correlated_predictor(graph, f, state, values, moves, names, varying, steps, h, sd_ratio) -> None:

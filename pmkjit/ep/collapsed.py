@@ -179,11 +179,12 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
         # more scalars than the grid takes, where the Gaussian ones integrate out in closed
         # form given the others (pmkjit.ep.collapsed_linear)
         return (bases, None, "gaussian inputs") if _integrable(f) else None
-    # a group's effect (each instance reads one coordinate of the slot) beside shared scalars,
-    # the Gaussian ones integrated out in closed form: A[g] * exp(-k * t)
+    # a group's effect (each instance reads one coordinate of the slot: A[g] * exp(-k * t)) or
+    # a regression's predictor whose site the instances' sites can hold (a + b * x + f, an
+    # HSGP beside a trend) beside shared scalars, the Gaussian ones integrated out in closed form
     C = bases[block][1]
     if latent[block] in (f.linear_normal.linear if f.linear_normal is not None else ()) and \
-            np.all(np.count_nonzero(C, axis=1) == 1) and _integrable(f):
+            (np.all(np.count_nonzero(C, axis=1) == 1) or _split(C) is not None) and _integrable(f):
         return bases, block, "gaussian inputs"
     if not all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent):
         return None

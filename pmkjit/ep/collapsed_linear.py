@@ -20,17 +20,22 @@ factor's sites), the whole likelihood integrates over ``z`` in closed form:
 is left is the law of ``theta`` alone, one to four coordinates, integrated on the rotated
 grid of :func:`~pmkjit.ep.collapsed.rotated_grid`; the moments of ``z`` are those of its
 conditional Gaussians averaged over the same nodes, as nested Laplace averages a
-regression's coefficients. ``mu0`` and ``G`` come from the likelihood's own mean at ``m``
-and at ``m + sqrt(V_jj) e_j``: exact for an affine mean. Each Gaussian coordinate's site is
-its tilted marginal less its cavity's marginal (EP's sites are one per coordinate). Joint
+regression's coefficients. ``mu0`` and ``G`` come from the likelihood's own mean and its
+compiled gradient at ``m`` (or, where the mean has no symbolic gradient, from its mean at
+``m + sqrt(V_jj) e_j``): exact for an affine mean. Each Gaussian coordinate's site is its
+tilted marginal less its cavity's marginal (EP's sites are one per coordinate). Joint
 draws are exact the same way: ``theta`` from the grid, then ``z`` from its conditional
 Gaussian.
 
 A group's effect read by each observation as its own group's (``A[g] * exp(-k * t)``, one
 linear slot whose rows each pick one coordinate) is one coordinate per group: an
-observation's slope is in its group's coordinate alone, so one evaluation with every group's
-coordinate stepped gives them all, and each group's site is shared over its observations.
-Its draws are EP's (the rest of the draws could not be kept coherent with a group's).
+observation's slope is in its group's coordinate alone, and each group's site is shared over
+its observations.
+Its draws are EP's (the rest of the draws could not be kept coherent with a group's). A
+regression's predictor among the Gaussian inputs (``a + b * t + f(t)``: a trend beside an
+HSGP) has its reference predictors as coordinates, and one joint site on them (the tilted
+law's joint marginal less the cavity's), shared out to the instances as
+:func:`~pmkjit.ep.collapsed._to_instances` does; its draws are the law's.
 """
 
 from __future__ import annotations
@@ -87,13 +92,22 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         self._gaussian = [place[i] for i in spec.linear]  # latent positions integrated in closed form
         self._rest = [place[i] for i in spec.rest]  # latent positions on the grid (one coordinate each)
         self._params = spec.params
+        # [mu, sigma, slope per Gaussian input] in one evaluation, in the order of spec.linear
+        # (self._gaussian's), or None: a step per Gaussian input instead
+        self._gradients = spec.gradients
         # the coordinates of the law each latent position reads: one, or a group effect's one
         # per group (its reference instances'), each instance reading its group's
         first = np.cumsum([0] + self._dims[:-1])
         self._coordinates = {k: list(range(first[k], first[k] + self._dims[k])) for k in range(len(self._dims))}
         self._z = [c for k in self._gaussian for c in self._coordinates[k]]  # the Gaussian coordinates, in order
-        self._member = None if self._block is None else np.argmax(self._basis[1] != 0, axis=1)
-        # one evaluation of the mean and sd, and one of the mean per Gaussian scalar
+        # a group's effect (each instance reads one coordinate: a site per group) or a
+        # regression's predictor (a + b * x: one joint site on its reference predictors)
+        self._groups = self._block is not None and bool(np.all(np.count_nonzero(self._basis[1], axis=1) == 1))
+        self._member = np.argmax(self._basis[1] != 0, axis=1) if self._groups else None
+        block = [] if self._block is None else [c for c in self._z if c in self._coordinates[self._block]]
+        self._block_z = [self._z.index(c) for c in block]  # the block's places among the Gaussian coordinates
+        # one evaluation of the mean and sd, and one of the mean per Gaussian scalar (the
+        # gradient's one evaluation computes as many outputs)
         self._node_cost = self._cost * (len(self._gaussian) + 1)
         # the largest correlation of two Gaussian scalars in their joint cavity and in their
         # tilted law, at the last integral (:attr:`drops_correlation`)
@@ -142,8 +156,10 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         if not bool(np.asarray(accepted)[0]):
             return None
         m, V = cavity
-        self.cavity_correlation = _largest_correlation(V)
-        self.tilted_correlation = _largest_correlation(cov[r:, r:])
+        # (a regression's reference predictors are correlated a priori, and their joint site
+        # carries it: only pairs with another coordinate count)
+        self.cavity_correlation = _largest_correlation(V, self._block_z)
+        self.tilted_correlation = _largest_correlation(cov[r:, r:], self._block_z)
         # each Gaussian coordinate's site: its tilted marginal less its joint cavity's marginal
         with np.errstate(all="ignore"):
             z_sites = (np.asarray(Gaussian(m + mean[r:], np.diag(cov)[r:]).natural, dtype=float)
@@ -158,8 +174,13 @@ class CollapsedLinearNormal(CollapsedLikelihood):
                 j += self._dims[k]
             if not np.all(np.isfinite(delta)):
                 return None
-            if k == self._block:
+            if k == self._block and self._groups:
                 out.append(self._group_sites(delta))
+            elif k == self._block:
+                site = self._predictor_site(m, V, m + mean[r:], cov[r:, r:])
+                if site is None:
+                    return None
+                out.append(site)
             elif self._linear[k] is None:
                 out.append(np.broadcast_to(delta / self.factor.size, (self.factor.size, 2)).copy())
             else:
@@ -180,6 +201,22 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         total = np.bincount(self._member, weights=scale**2, minlength=C.shape[1])
         q = delta[self._member, 1] / total[self._member]
         return np.stack([scale * delta[self._member, 0] / total[self._member] - 2.0 * q * d, q], axis=1)
+
+    def _predictor_site(self, m, V, mean, cov) -> np.ndarray | None:
+        """The regression predictor's joint site on its reference predictors (the tilted law's
+        joint marginal of them less the cavity's, natural parameters ``g . e + e^T Q e``), as
+        the instances' sites on their own predictors (:func:`~pmkjit.ep.collapsed._to_instances`);
+        ``(m, V)`` the Gaussian coordinates' joint cavity, ``(mean, cov)`` their tilted law."""
+        b = np.asarray(self._block_z)
+        try:
+            P_t = linalg.cho_solve(linalg.cho_factor(cov[np.ix_(b, b)], lower=True), np.eye(b.size))
+            P_c = linalg.cho_solve(linalg.cho_factor(V[np.ix_(b, b)], lower=True), np.eye(b.size))
+        except np.linalg.LinAlgError:
+            return None
+        Q, g = -0.5 * (P_t - P_c), P_t @ mean[b] - P_c @ m[b]
+        _, C, d = self._basis
+        out = _to_instances(g, Q, C, d, self._splits[self._block])
+        return out if np.all(np.isfinite(out)) else None
 
     @property
     def drops_correlation(self) -> bool:
@@ -292,29 +329,13 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         for j, c in enumerate(self._z):
             flat[c] = np.full(G, m[j])
         for n in self._chunks(G):
-            width = n.stop - n.start
-            mu0, sigma = self._parameters(self._inputs(flat, n))
-            g = np.zeros((G, width, k))
-            j = 0
-            for pos in self._gaussian:
-                # the mean's slope in each coordinate, from one step of its cavity sd (exact:
-                # affine); a group effect's coordinates all at once, as each instance reads one
-                coordinates = self._coordinates[pos]
-                moved = list(flat)
-                for i, c in enumerate(coordinates):
-                    moved[c] = flat[c] + sd[j + i]
-                change = self._parameters(self._inputs(moved, n))[0] - mu0
-                if pos == self._block:
-                    own = j + self._member[self._rows[n]]
-                    g[:, np.arange(width), own] = change / sd[own]
-                else:
-                    g[..., j] = change / sd[j]
-                j += len(coordinates)
+            mu0, sigma, g = self._slopes(flat, n, sd, k)
             c = self._count[n]
             prec = c / sigma**2
             r = self._y[n][None, :] - mu0
-            A += np.einsum("gn,gnj,gnl->gjl", prec, g, g)
-            b += np.einsum("gn,gnj->gj", prec * r, g)
+            weighted = g * prec[..., None]
+            A += np.matmul(weighted.transpose(0, 2, 1), g)  # batched BLAS, not einsum's loop
+            b += np.einsum("gnj,gn->gj", weighted, r)
             q += (prec * r**2 + c * np.log(2 * np.pi * sigma**2)).sum(axis=1)
         ok = np.isfinite(q) & np.isfinite(A).all(axis=(1, 2)) & np.isfinite(b).all(axis=1)
         P = np.where(ok[:, None, None], A, 0.0) + V_inv
@@ -326,6 +347,52 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         log_psi = -0.5 * (q + log_det_v + log_det_p - np.einsum("gj,gj->g", b, shift))
         return np.where(ok, log_psi, -np.inf), shift, cond
 
+    def _slopes(self, flat: list, n: slice, sd: np.ndarray, k: int) -> tuple:
+        """The mean, the sd and the mean's slope in each Gaussian coordinate, ``(G, width)``,
+        ``(G, width)`` and ``(G, width, k)``, of the distinct instances ``n`` at the nodes
+        ``flat`` (one ``(G,)`` array per coordinate of the law)."""
+        G, width = flat[0].size, n.stop - n.start
+        rows = self._rows[n]
+        g = np.zeros((G, width, k))
+        ins = self._inputs(flat, n)
+        if self._gradients is not None:
+            # one evaluation: the gradient in each input, times the input's slope in its
+            # coordinates (the linear slot's data, or the block's basis row C_n)
+            shape = ins[0].shape
+            mu0, sigma, *grads = self._gradients(*[np.ascontiguousarray(a).ravel() for a in ins])
+            mu0, sigma = (np.broadcast_to(np.asarray(a, dtype=float), (G * width,)).reshape(shape) for a in (mu0, sigma))
+            j = 0
+            for pos, grad in zip(self._gaussian, grads):
+                grad = np.broadcast_to(np.asarray(grad, dtype=float), (G * width,)).reshape(shape)
+                if pos == self._block:  # input C_n . e + d_n of the block's coordinates e
+                    C = self._basis[1][rows]
+                    g[..., j:j + C.shape[1]] = grad[..., None] * C[None]
+                elif self._linear[pos] is None:
+                    g[..., j] = grad
+                else:
+                    g[..., j] = grad * self._linear[pos][1][None, rows]
+                j += len(self._coordinates[pos])
+            return mu0, sigma, g
+        mu0, sigma = self._parameters(ins)
+        j = 0
+        for pos in self._gaussian:
+            # the mean's slope in each coordinate, from one step of its cavity sd (exact:
+            # affine); a group effect's coordinates all at once, as each instance reads one
+            coordinates = self._coordinates[pos]
+            for step in ([coordinates] if pos != self._block or self._groups else [[c] for c in coordinates]):
+                moved = list(flat)
+                for c in step:
+                    moved[c] = flat[c] + sd[j + coordinates.index(c)]
+                change = self._parameters(self._inputs(moved, n))[0] - mu0
+                if pos == self._block and self._groups:
+                    own = j + self._member[rows]
+                    g[:, np.arange(width), own] = change / sd[own]
+                else:
+                    i = j + coordinates.index(step[0])
+                    g[..., i] = change / sd[i]
+            j += len(coordinates)
+        return mu0, sigma, g
+
     def _parameters(self, ins: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The Normal's mean and sd ``(G, width)`` at the instances' inputs ``ins``."""
         shape = ins[0].shape
@@ -336,14 +403,15 @@ class CollapsedLinearNormal(CollapsedLikelihood):
     # ------------------------------------------------------------------ draws
     def joint_draws(self, marginals: Sequence[ExponentialFamily], sites: Sequence[np.ndarray], n: int,
                     rng: np.random.Generator, priors: Sequence | None = None, state=None) -> list[np.ndarray] | None:
-        """``n`` joint draws of the latents (each as instance ``r``'s input, ``(n,)`` per latent)
-        from the collapsed law: the other scalars from its grid (a node picked by weight and
-        jittered within its cell), the Gaussian ones from their conditional Gaussian there.
+        """``n`` joint draws of the latents (each as instance ``r``'s input, ``(n,)`` per latent;
+        ``(n, k)`` for a regression's ``k`` reference predictors) from the collapsed law: the
+        other scalars from its grid (a node picked by weight and jittered within its cell), the
+        Gaussian ones from their conditional Gaussian there.
         ``priors``: per latent, None or ``(site, log_density)``, an exact prior density in place
         of its site (:meth:`CollapsedLikelihood.joint_draws`), used for the other scalars (the
         Gaussian ones keep their Gaussian cavity); None where a cavity is improper or no grid
         contains the law."""
-        if self._block is not None:
+        if self._groups:
             return None  # a group effect's coordinates: EP's draws (warned as independent)
         found = self._all_cavities(marginals, sites, state)
         if found is None:
@@ -374,15 +442,23 @@ class CollapsedLinearNormal(CollapsedLikelihood):
         out: list = [None] * len(cavities)
         for j, k in enumerate(self._rest):
             out[k] = xs[j]
-        for j, k in enumerate(self._gaussian):
-            out[k] = z[:, j]
+        j = 0
+        for k in self._gaussian:  # one coordinate each, or a regression's reference predictors
+            d = self._dims[k]
+            out[k] = z[:, j] if d == 1 else z[:, j:j + d]
+            j += d
         return out
 
 
-def _largest_correlation(cov: np.ndarray) -> float:
-    """The largest absolute correlation between two coordinates of covariance ``cov``."""
+def _largest_correlation(cov: np.ndarray, together: Sequence[int] = ()) -> float:
+    """The largest absolute correlation between two coordinates of covariance ``cov``, but
+    for pairs both in ``together``."""
     if cov.shape[0] < 2:
         return 0.0
     sd = np.sqrt(np.diag(cov))
     corr = cov / np.outer(sd, sd)
-    return float(np.max(np.abs(corr[~np.eye(cov.shape[0], dtype=bool)])))
+    pairs = ~np.eye(cov.shape[0], dtype=bool)
+    inside = np.zeros(cov.shape[0], dtype=bool)
+    inside[list(together)] = True
+    pairs &= ~np.outer(inside, inside)
+    return float(np.max(np.abs(corr[pairs]), initial=0.0))

@@ -118,16 +118,12 @@ class LinearNormalMethod:
         for j, i in enumerate(spec.linear):
             base[i] = np.broadcast_to(m[..., j], shape).ravel()
         with np.errstate(all="ignore"):
-            mu0, sigma = (np.broadcast_to(np.asarray(a, dtype=float), (xs[0].size,)).reshape(shape)
-                          for a in spec.params(*base))
             sd = np.sqrt(v)
-            beta = np.empty(shape + (len(spec.linear),))
-            for j, i in enumerate(spec.linear):
-                # the mean's slope in z_j, read from one step of z_j's cavity sd (exact: affine)
-                moved = list(base)
-                moved[i] = base[i] + np.broadcast_to(sd[..., j], shape).ravel()
-                mu_j = np.broadcast_to(np.asarray(spec.params(*moved)[0], dtype=float), (mu0.size,)).reshape(shape)
-                beta[..., j] = (mu_j - mu0) / sd[..., j]
+            # the mean's slope in z_j: its gradient, or one step of z_j's cavity sd (exact: affine)
+            mu0, sigma, slopes = spec.mean_and_slopes(
+                base, [np.broadcast_to(sd[..., j], shape).ravel() for j in range(len(spec.linear))])
+            mu0, sigma = mu0.reshape(shape), sigma.reshape(shape)
+            beta = np.stack([g.reshape(shape) for g in slopes], axis=-1)
             total = sigma**2 + np.sum(beta**2 * v, axis=-1)
             r = y - mu0
             log_psi = -0.5 * np.log(2 * np.pi * total) - 0.5 * r**2 / total

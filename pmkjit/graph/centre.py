@@ -24,7 +24,6 @@ from pymc.model.fgraph import (
     ModelDeterministic,
     ModelFreeRV,
     ModelVar,
-    fgraph_from_model,
     model_deterministic,
     model_free_rv,
     model_from_fgraph,
@@ -39,7 +38,7 @@ from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.random.basic import NormalRV
 from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
 
-from pmkjit.graph.pytensor_tools import drop_outputs
+from pmkjit.graph.pytensor_tools import drop_outputs, model_fgraph
 
 __all__ = ["centre_non_centred"]
 
@@ -220,7 +219,7 @@ def centre_non_centred(model: pm.Model) -> tuple[pm.Model, list[str]]:
     """
     if not any(isinstance(rv.owner.op, NormalRV) for rv in model.free_RVs):
         return model, []
-    fg, _ = fgraph_from_model(model)
+    fg, _ = model_fgraph(model)
     model_outputs = {o for o in fg.outputs if o.owner is not None and isinstance(o.owner.op, ModelFreeRV)}
     names = {o.name for o in fg.outputs}
     rewritten: list[str] = []

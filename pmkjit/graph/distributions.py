@@ -30,6 +30,7 @@ from pytensor.tensor.sharedvar import TensorSharedVariable
 from pytensor.tensor.type_other import NoneConst
 
 from pmkjit.errors import UnsupportedModelError
+from pmkjit.graph.expansion import MAX_EXPANDED_COLUMNS
 from pmkjit.families import Beta, Gamma
 from pmkjit.graph.pytensor_tools import (
     compile_function,
@@ -96,15 +97,17 @@ def gaussian_process_hint(deps: Sequence[Variable], inner: str) -> str:
     the construct nor a way out (robustness round 18). With constant hyperparameters both
     are supported: an HSGP is then a linear regression on its basis functions (exact, or
     semi-analytic with a latent noise; within 0.09 NUTS sd on a 60-point example), a latent
-    GP ``f = L v`` with a constant Cholesky factor.
+    GP ``f = L v`` with a constant Cholesky factor. An HSGP with latent hyperparameters is
+    supported under a Normal likelihood (:mod:`pmkjit.graph.expansion`).
     """
     names = [d.name for d in deps]
     coeffs = [n for n in names if n.endswith("_hsgp_coeffs")]
     if coeffs:
         hyper = [n for n in names if n not in coeffs]
         what = ", ".join(hyper) if hyper else "its covariance function's parameters"
-        return (f"; this is pm.gp.HSGP ({coeffs[0]}) with latent hyperparameters ({what}): pmkjit fits an HSGP "
-                "whose covariance function has constant hyperparameters (a linear regression on its basis "
+        return (f"; this is pm.gp.HSGP ({coeffs[0]}) with latent hyperparameters ({what}): pmkjit fits those "
+                f"under a Normal likelihood with at most {MAX_EXPANDED_COLUMNS} basis functions, and otherwise an "
+                "HSGP whose covariance function has constant hyperparameters (a linear regression on its basis "
                 f"functions), so fix {what} at constants (e.g. point estimates), or use pm.sample")
     if "Cholesky" in inner:
         return ("; a covariance that depends on latents (pm.gp.Latent with a latent length scale or amplitude): "

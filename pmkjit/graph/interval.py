@@ -23,13 +23,13 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
-from pymc.model.fgraph import ModelFreeRV, fgraph_from_model, model_deterministic, model_free_rv, model_from_fgraph
+from pymc.model.fgraph import ModelFreeRV, model_deterministic, model_free_rv, model_from_fgraph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.basic import UniformRV
 from pymc.distributions.truncated import TruncatedRV
 from pytensor.tensor.random.op import RandomVariable
 
-from pmkjit.graph.pytensor_tools import drop_outputs, evaluate_constant
+from pmkjit.graph.pytensor_tools import drop_outputs, evaluate_constant, model_fgraph
 
 __all__ = ["rescale_uniform_intervals", "signed_latents", "UNIT_PREFIX"]
 
@@ -103,7 +103,7 @@ def rescale_uniform_intervals(model: pm.Model) -> tuple[pm.Model, list[str]]:
                   if type(model.rvs_to_transforms.get(rv)).__name__ == "Interval" and isinstance(rv.owner.op, RandomVariable)]
     if not candidates:
         return model, []
-    fg, _ = fgraph_from_model(model)
+    fg, _ = model_fgraph(model)
     free = {o for o in fg.outputs if o.owner is not None and isinstance(o.owner.op, ModelFreeRV)}
     rewritten: list[str] = []
     for node in list(fg.toposort()):

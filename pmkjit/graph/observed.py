@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pymc as pm
-from pymc.model.fgraph import ModelObservedRV, fgraph_from_model, model_from_fgraph
+from pymc.model.fgraph import ModelObservedRV, model_from_fgraph
 from pytensor.graph.fg import Output
 from pytensor.graph.traversal import ancestors
+
+from pmkjit.graph.pytensor_tools import model_fgraph
 
 __all__ = ["default_initial_values", "observed_as_data"]
 
@@ -69,7 +71,7 @@ def observed_as_data(model: pm.Model) -> pm.Model:
     if not _reads_an_observed(model):
         return model
     with default_initial_values(model):  # fgraph_from_model refuses initval= settings
-        fg, _ = fgraph_from_model(model)
+        fg, _ = model_fgraph(model)
     for node in list(fg.toposort()):
         if not isinstance(node.op, ModelObservedRV):
             continue

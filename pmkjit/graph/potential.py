@@ -23,14 +23,13 @@ import pytensor.tensor as pt
 from pymc.model.fgraph import (
     ModelFreeRV,
     ModelPotential,
-    fgraph_from_model,
     model_from_fgraph,
     model_observed_rv,
 )
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, toposort
 
-from pmkjit.graph.pytensor_tools import drop_outputs, parameter_checks_to_ninf
+from pmkjit.graph.pytensor_tools import drop_outputs, model_fgraph, parameter_checks_to_ninf
 
 __all__ = ["potentials_as_observations"]
 
@@ -51,7 +50,7 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
     """
     if not model.potentials:
         return model, []
-    fg, _ = fgraph_from_model(model)
+    fg, _ = model_fgraph(model)
     free = [o for o in fg.outputs if o.owner is not None and isinstance(o.owner.op, ModelFreeRV)]
     rewritten: list[str] = []
     for node in list(fg.toposort()):

@@ -8,6 +8,8 @@ function compiles in about 0.1 s and evaluates as fast as numpy (see ``_MODE``).
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -51,6 +53,22 @@ def latent_ancestors(var: Variable, latents: Sequence[Variable]) -> list[Variabl
 def evaluate_constant(var: Variable) -> np.ndarray:
     """Value of a graph with no latent inputs (data containers are read as they are now)."""
     return np.asarray(compile_function([], var)())
+
+
+def model_fgraph(model):
+    """``pymc.model.fgraph.fgraph_from_model(model)``, without PyMC's warning about GP objects.
+
+    PyMC warns whenever a model holding a ``pm.gp`` object's variables (``*_hsgp_coeffs_``,
+    ``*_rotated_``) is turned into a graph, because using the old GP object with the new
+    model would bring back the old variables. pmkjit's rewrites make such a copy for their own
+    use, which the user never sees, so the warning (which a user of ``pm.gp.HSGPPeriodic``
+    got on every fit) says nothing true about their code.
+    """
+    from pymc.model.fgraph import fgraph_from_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected variables likely created by GP objects")
+        return fgraph_from_model(model)
 
 
 def drop_outputs(fg, variables) -> None:

@@ -21,12 +21,12 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
-from pymc.model.fgraph import ModelFreeRV, fgraph_from_model, model_deterministic, model_free_rv, model_from_fgraph
+from pymc.model.fgraph import ModelFreeRV, model_deterministic, model_free_rv, model_from_fgraph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.basic import DirichletRV
 from pytensor.tensor.type_other import NoneTypeT
 
-from pmkjit.graph.pytensor_tools import drop_outputs
+from pmkjit.graph.pytensor_tools import drop_outputs, model_fgraph
 
 __all__ = ["stick_break_dirichlet", "STICK_PREFIX"]
 
@@ -50,7 +50,7 @@ def stick_break_dirichlet(model: pm.Model) -> tuple[pm.Model, list[str]]:
     """
     if not any(isinstance(rv.owner.op, DirichletRV) for rv in model.free_RVs):
         return model, []
-    fg, _ = fgraph_from_model(model)
+    fg, _ = model_fgraph(model)
     free = {o for o in fg.outputs if o.owner is not None and isinstance(o.owner.op, ModelFreeRV)}
     rewritten: list[str] = []
     for node in list(fg.toposort()):
