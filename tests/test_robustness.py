@@ -1974,6 +1974,45 @@ def test_a_potential_of_scalar_latents_is_a_factor_of_its_density():
     assert np.sqrt(q.var()[0]) == pytest.approx(1 / np.sqrt(precision), rel=0.01)
 
 
+def test_a_potential_marginalising_a_changepoint_by_hand_is_fitted():
+    # The discrete switchpoint of PyMC's coal-mining example, summed out by hand as a
+    # potential: logsumexp over the candidate years of pm.logp(pm.Poisson.dist(rate), d).
+    # PyMC's parameter check inside the Poisson's logp was rewritten in place in the model's
+    # own graph, which the potential shares, and the rewrite crashed (a KeyError) into the
+    # refusal "pm.Potential terms ['marg'] are not supported" (robustness round 36).
+    from scipy import special
+
+    rng = np.random.default_rng(2)
+    years = np.arange(12)
+    d = rng.poisson(np.where(years < 5, 4.0, 1.0))
+    with pm.Model() as model:
+        early = pm.Exponential("early", 1.0)
+        late = pm.Exponential("late", 1.0)
+        rates = pm.math.switch(years[:, None] >= years[None, :], early, late)  # (switch year, year)
+        pm.Potential("marg", pm.math.logsumexp(pm.logp(pm.Poisson.dist(rates), d[None, :]).sum(axis=1)))
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    e = np.linspace(1e-3, 15.0, 1500)[:, None]
+    l_ = np.linspace(1e-3, 15.0, 1500)[None, :]
+    before = years[:, None] >= years[None, :]  # year t is before the switch k
+    counts = (before * d).sum(1), (~before * d).sum(1)
+    sizes = before.sum(1), (~before).sum(1)
+    logp = -e - l_ + special.logsumexp(
+        counts[0][:, None, None] * np.log(e) - sizes[0][:, None, None] * e
+        + counts[1][:, None, None] * np.log(l_) - sizes[1][:, None, None] * l_, axis=0)
+    # one factor of the two rates, integrated exactly: EP's Gamma of each is the projection
+    # of its exact marginal (a mixture over the years), which matches E[x] and E[log x]
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    post = pmkjit.ep_posterior(idata)
+    for name, x in (("early", e), ("late", l_)):
+        mean, sd = (w * x).sum(), np.sqrt((w * x**2).sum() - (w * x).sum() ** 2)
+        log_mean, log_sd = (w * np.log(x)).sum(), np.sqrt((w * np.log(x) ** 2).sum() - (w * np.log(x)).sum() ** 2)
+        stats_ = post[name].expected_sufficient_statistics()[0]  # E[log x], E[x]
+        assert abs(post[name].mean()[0] - mean) < 0.03 * sd, name
+        assert abs(stats_[0] - log_mean) < 0.03 * log_sd, name
+        assert abs(np.sqrt(post[name].var()[0]) / sd - 1) < 0.1, name  # a Gamma, not the mixture
+
+
 def test_an_interpolated_prior_is_fitted_from_its_table():
     # pm.Interpolated (a prior from an earlier posterior's density, the "updating priors"
     # idiom): its table of x and pdf points is a core parameter, which was broadcast against

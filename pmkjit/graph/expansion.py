@@ -27,15 +27,13 @@ import numpy as np
 import pytensor.tensor as pt
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import vectorize_graph
-from pytensor.compile.ops import ViewOp
 from pytensor.tensor.basic import MakeVector
 from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
-from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
 
-from pmkjit.graph.pytensor_tools import evaluate_constant, latent_ancestors, left_expanding
+from pmkjit.graph.pytensor_tools import evaluate_constant, latent_ancestors, left_expanding, unwrapped
 
 __all__ = ["MAX_EXPANDED_COLUMNS", "Expanded", "ScalarFunction", "entries", "expand_product", "is_scalar_function",
            "vectorised_scalar_function"]
@@ -66,7 +64,7 @@ def _is_dot(op) -> bool:
     return isinstance(op, Dot) or (isinstance(op, Blockwise) and isinstance(op.core_op, Dot))
 
 
-def _constant_index(node, latents) -> np.ndarray | None:
+def _constant_rows(node, latents) -> np.ndarray | None:
     """The constant 1-D integer index of ``x[idx]``, else None."""
     if not isinstance(node.op, (AdvancedSubtensor, AdvancedSubtensor1)) or len(node.inputs) != 2:
         return None
@@ -85,9 +83,8 @@ def element(v: Variable, j: int) -> Variable:
     An input broadcast along the vector's axis (a scalar latent expanded by PyMC) is read
     as the scalar it is; what is not elementwise is indexed where it stands.
     """
+    v = unwrapped(v)  # pm.Deterministic
     node = v.owner
-    while node is not None and isinstance(node.op, (ViewOp, SpecifyShape)):  # pm.Deterministic
-        v, node = node.inputs[0], node.inputs[0].owner
     if node is not None and isinstance(node.op, MakeVector):  # pt.stack of scalars
         return node.inputs[j]
     if node is not None and isinstance(node.op, DimShuffle) and left_expanding(node.op) \
@@ -112,7 +109,7 @@ def expand_product(var: Variable, latents: Sequence[Variable]) -> Variable | Non
     if var.ndim != 1:
         return None
     x, rows = var, None
-    if x.owner is not None and (idx := _constant_index(x.owner, latents)) is not None:
+    if x.owner is not None and (idx := _constant_rows(x.owner, latents)) is not None:
         rows, x = idx, x.owner.inputs[0]
     while x.owner is not None and isinstance(x.owner.op, DimShuffle):
         x = x.owner.inputs[0]
@@ -144,12 +141,16 @@ def expand_product(var: Variable, latents: Sequence[Variable]) -> Variable | Non
     return terms[0] if len(terms) == 1 else pt.add(*terms)
 
 
+def _size(var: Variable) -> int:
+    return int(np.prod(var.type.shape, dtype=int))
+
+
 def is_scalar_function(var: Variable, deps: Sequence[Variable], sizes: Sequence[int], plate) -> bool:
     """Whether ``var`` reads only latents of one element each and has few entries, which
     broadcast to ``plate``."""
     if not deps or any(s != 1 for s in sizes) or None in var.type.shape:
         return False
-    size = int(np.prod(var.type.shape, dtype=int))
+    size = _size(var)
     try:
         np.broadcast_shapes(var.type.shape, tuple(plate))
     except ValueError:
@@ -159,8 +160,7 @@ def is_scalar_function(var: Variable, deps: Sequence[Variable], sizes: Sequence[
 
 def entries(var: Variable, plate) -> np.ndarray:
     """Which of ``var``'s entries each instance of ``plate`` reads (``var`` broadcast to it), flat."""
-    size = int(np.prod(var.type.shape, dtype=int))
-    return np.broadcast_to(np.arange(size).reshape(var.type.shape), tuple(plate)).ravel()
+    return np.broadcast_to(np.arange(_size(var)).reshape(var.type.shape), tuple(plate)).ravel()
 
 
 def vectorised_scalar_function(var: Variable, latents: Sequence[Variable], inputs: Sequence[Variable],

@@ -51,6 +51,9 @@ class LinearNormalSpec:
         other inputs are, and which the standard deviation does not read.
     rest : tuple of int
         The other latent inputs (one to six), integrated on a grid.
+    gradients : callable or None
+        ``gradients(*inputs) -> [mu, sigma, d mu / d inputs[i] for i in linear]``, compiled;
+        None where PyTensor has no gradient of the mean, and the slopes come from steps.
     """
 
     params: Callable

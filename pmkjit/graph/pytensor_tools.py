@@ -177,8 +177,8 @@ def parameter_checks_to_ninf(logp: Variable) -> Variable:
     elementwise), falling back to the scalar switch for a guard of any other form.
     """
     from pymc.logprob.utils import CheckParameterValue
-    from pytensor.graph.fg import FunctionGraph
-    from pytensor.graph.rewriting.basic import in2out, node_rewriter
+    from pytensor.graph.replace import graph_replace
+    from pytensor.graph.traversal import toposort
     from pytensor.tensor.basic import MakeVector, ScalarFromTensor
     from pytensor.tensor.math import All
 
@@ -198,10 +198,7 @@ def parameter_checks_to_ninf(logp: Variable) -> Variable:
             out.append(n.inputs[0])
         return out
 
-    @node_rewriter([CheckParameterValue])
-    def to_ninf(fgraph, node):
-        if not node.op.can_be_replaced_by_ninf:
-            return None
+    def to_ninf(node):
         expr, *conds = node.inputs
         parts = [c for cond in conds for c in (conditions(cond) or [None])]
         # a check on a parameter with a core axis (a categorical's probabilities, one row
@@ -214,11 +211,19 @@ def parameter_checks_to_ninf(logp: Variable) -> Variable:
             ok = parts[0]
             for c in parts[1:]:
                 ok = pt.and_(ok, c)
-        return [pt.cast(pt.switch(ok, expr, -np.inf), node.outputs[0].dtype)]
+        return pt.cast(pt.switch(ok, expr, -np.inf), node.outputs[0].dtype)
 
-    fgraph = FunctionGraph(outputs=[logp], clone=False)  # keeps the caller's input variables
-    in2out(to_ninf).rewrite(fgraph)
-    return fgraph.outputs[0]
+    # One guard at a time, by graph_replace, which copies the graph above the guard and
+    # leaves the caller's nodes as they are. A rewrite of the graph in place (a
+    # FunctionGraph without cloning) changed nodes that the model's own graph shares: a
+    # potential's terms are cut from it, and a marginalised changepoint written as
+    # logsumexp of pm.logp(pm.Poisson.dist(...)) corrupted it (a KeyError, robustness round 36).
+    while True:
+        node = next((n for n in toposort([logp])
+                     if isinstance(n.op, CheckParameterValue) and n.op.can_be_replaced_by_ninf), None)
+        if node is None:
+            return logp
+        logp = graph_replace(logp, {node.outputs[0]: to_ninf(node)}, strict=False)
 
 
 def lift_indexing(var: Variable) -> Variable:
@@ -258,8 +263,7 @@ def lift_indexing(var: Variable) -> Variable:
             idx = pt.constant(np.flatnonzero(np.asarray(idx.data).ravel()).astype(np.int64))
         if idx.ndim != 1 or not idx.dtype.startswith(("int", "uint")) or x.ndim < 1:
             return None
-        while x.owner is not None and isinstance(x.owner.op, (ViewOp, SpecifyShape)):  # pm.Deterministic
-            x = x.owner.inputs[0]
+        x = unwrapped(x)
         if x.owner is None or not isinstance(x.owner.op, Elemwise):
             return None
         return x, idx, flat
@@ -271,8 +275,7 @@ def lift_indexing(var: Variable) -> Variable:
             # a scalar: squeezed, it broadcasts against the selection (flattened to shape
             # (1,) it lost its broadcast flag once the affine probes vectorised the graph)
             return inp.squeeze()
-        while inp.owner is not None and isinstance(inp.owner.op, (ViewOp, SpecifyShape)):  # pm.Deterministic
-            inp = inp.owner.inputs[0]
+        inp = unwrapped(inp)
         if inp.owner is not None and isinstance(inp.owner.op, Elemwise) and len(inp.owner.outputs) == 1:
             return inp.owner.op(*[part(i, idx, flat) for i in inp.owner.inputs])
         inner = _expanded(inp)
@@ -343,6 +346,13 @@ def _expanded(var: Variable) -> Variable | None:
     if kept != list(range(node.inputs[0].ndim)):
         return None  # a transpose or a dropped axis
     return node.inputs[0]
+
+
+def unwrapped(var: Variable) -> Variable:
+    """``var`` under the ``ViewOp`` and ``SpecifyShape`` that ``pm.Deterministic`` wraps it in."""
+    while var.owner is not None and isinstance(var.owner.op, (ViewOp, SpecifyShape)):
+        var = var.owner.inputs[0]
+    return var
 
 
 def pass_through(op) -> bool:
