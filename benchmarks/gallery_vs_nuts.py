@@ -616,6 +616,35 @@ def hsgp_trend(seed):
     return m
 
 
+def hierarchical_negbin(seed):
+    """Non-centred group intercepts (6 groups, 150 counts) in a negative binomial with a shared
+    latent dispersion alpha: group effects beside a scalar read by every group."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, 6, 150)
+    mu = np.exp(1.0 + rng.normal(0.0, 0.5, 6))[g]
+    y = rng.negative_binomial(5, 5 / (5 + mu))
+    with pm.Model() as m:
+        mu0, tau = pm.Normal("mu0", 0, 2), pm.HalfNormal("tau", 1)
+        z = pm.Normal("z", 0, 1, shape=6)
+        alpha = pm.Gamma("alpha", 2, 0.2)
+        pm.NegativeBinomial("y", mu=pm.math.exp(mu0 + tau * z[g]), alpha=alpha, observed=y)
+    return m
+
+
+def changepoint_summed_out(seed):
+    """A Poisson changepoint over 30 years, its discrete switch year summed out by hand:
+    pm.Potential of logsumexp over the candidate years of pm.logp(pm.Poisson.dist(rate), counts)."""
+    rng = np.random.default_rng(seed)
+    years = np.arange(30)
+    d = rng.poisson(np.where(years < 12, 3.0, 1.0))
+    with pm.Model() as m:
+        early, late = pm.Exponential("early_rate", 1.0), pm.Exponential("late_rate", 1.0)
+        rates = pm.math.switch(years[:, None] >= years[None, :], early, late)  # (switch year, year)
+        pm.Potential("switch_summed_out",
+                     pm.math.logsumexp(pm.logp(pm.Poisson.dist(rates), d[None, :]).sum(axis=1)) - np.log(30))
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -639,6 +668,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "sinusoid": sinusoid, "emax_dose_response": emax_dose_response,
     "decay_group_amplitudes": decay_group_amplitudes, "decay_group_offsets": decay_group_offsets,
     "hsgp_latent": hsgp_latent, "hsgp_latent_centred": hsgp_latent_centred, "hsgp_trend": hsgp_trend,
+    "hierarchical_negbin": hierarchical_negbin, "changepoint_summed_out": changepoint_summed_out,
 }
 
 

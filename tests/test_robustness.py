@@ -2013,6 +2013,49 @@ def test_a_potential_marginalising_a_changepoint_by_hand_is_fitted():
         assert abs(np.sqrt(post[name].var()[0]) / sd - 1) < 0.1, name  # a Gamma, not the mixture
 
 
+def test_a_potential_over_a_table_is_evaluated_a_few_points_at_a_time(monkeypatch):
+    # One evaluation of a potential summing out a changepoint over T years is a T x T table:
+    # a quadrature grid's 25,921 points of a 111 x 111 table held more than 24 GiB at once
+    # (robustness round 36). Its factor records the table's size as its evaluation cost, and
+    # its density is evaluated in slices of points whose tables fit the budget, with the
+    # same values as all at once.
+    from scipy import special
+
+    from pmkjit.graph import build as build_module
+    from pmkjit.graph.potential import potentials_as_observations
+
+    years = np.arange(30)
+    d = np.where(years < 12, 3, 1)
+    with pm.Model() as model:
+        early = pm.Exponential("early", 1.0)
+        late = pm.Exponential("late", 1.0)
+        rates = pm.math.switch(years[:, None] >= years[None, :], early, late)
+        pm.Potential("marg", pm.math.logsumexp(pm.logp(pm.Poisson.dist(rates), d[None, :]).sum(axis=1)))
+    rewritten, names = potentials_as_observations(model)
+    assert names == ["marg"]
+    (f,) = [f for f in build_factor_graph(rewritten).factors if f.name == "marg"]
+    assert f.evaluation_cost == 30 * 30
+    assert len(f.inputs) == 2  # early, late
+    rng = np.random.default_rng(0)
+    ins = points = [rng.gamma(3.0, 1.0, 1000), rng.gamma(2.0, 0.5, 1000)]
+    whole = f.logp(np.zeros(1000), ins)
+    calls = []
+    monkeypatch.setattr(build_module, "_LOGP_ENTRIES", 100 * 30 * 30)  # 100 points per slice
+    (g,) = [g for g in build_factor_graph(rewritten).factors if g.name == "marg"]
+    original = g.logp.__defaults__[0]
+
+    def counted(*args):
+        calls.append(args[0].size)
+        return original(*args)
+
+    sliced = g.logp(np.zeros(1000), ins, counted)
+    assert calls == [100] * 10
+    np.testing.assert_allclose(sliced, whole, rtol=1e-12)
+    exact = special.logsumexp(stats.poisson.logpmf(d[None, None, :], np.where(
+        years[None, :, None] >= years[None, None, :], points[0][:, None, None], points[1][:, None, None])).sum(-1), axis=1)
+    np.testing.assert_allclose(whole, exact, rtol=1e-9)
+
+
 def test_an_interpolated_prior_is_fitted_from_its_table():
     # pm.Interpolated (a prior from an earlier posterior's density, the "updating priors"
     # idiom): its table of x and pdf points is a core parameter, which was broadcast against

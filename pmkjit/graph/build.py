@@ -70,6 +70,7 @@ from pmkjit.graph.pytensor_tools import (
     compile_function,
     elementwise_nodes,
     evaluate_constant,
+    largest_static_size,
     latent_ancestors,
     lift_indexing,
     parameter_checks_to_ninf,
@@ -1723,7 +1724,7 @@ class _Builder:
                 ) from err
             return np.asarray(out, dtype=float).reshape(shape)
 
-        logp, source = None, "pymc"
+        logp, source, cost = None, "pymc", 1
         # The key must tell apart factors that sample alike but weigh differently: two
         # ``pm.CustomDist(logp=...)`` with different log-densities have the same sampling
         # graph, and an operator learned on one was silently reused for the other.
@@ -1737,12 +1738,25 @@ class _Builder:
                 logp_graph = pm.logp(new_rv, value) if make_logp is None else make_logp(flat_params, value)
                 key_extra.append(logp_graph)
                 logp_fn = compile_function([value, *inputs], parameter_checks_to_ninf(logp_graph))
+                if B == 1:
+                    # one instance whose density may sum over a table (a potential of scalars)
+                    cost = largest_static_size(logp_graph)
+                # Points per evaluation: a density that is a whole table at each point (a
+                # potential summing out a changepoint, candidate years x years) holds cost
+                # entries per point, and a quadrature grid's 25,921 points of a 111 x 111
+                # table took more than 24 GiB (robustness round 36)
+                step = max(1, _LOGP_ENTRIES // cost) if cost > 1 else None
 
-                def logp(x, ins, _f=logp_fn, _dtype=rv.dtype):
+                def logp(x, ins, _f=logp_fn, _dtype=rv.dtype, _step=step):
                     shape = np.shape(x)
                     xs = np.ravel(x).astype(_dtype)
                     flat = [np.ravel(np.broadcast_to(a, shape)) for a in ins]
-                    return np.asarray(_f(xs, *flat), dtype=float).reshape(shape)
+                    if _step is None or xs.size <= _step:
+                        return np.asarray(_f(xs, *flat), dtype=float).reshape(shape)
+                    out = np.empty(xs.size)
+                    for lo in range(0, xs.size, _step):
+                        out[lo:lo + _step] = _f(xs[lo:lo + _step], *[a[lo:lo + _step] for a in flat])
+                    return out.reshape(shape)
             except NotImplementedError:
                 source = "abc-kernel"
         key_graph = graph_key(new_rv, inputs, extra=key_extra)
@@ -1785,7 +1799,7 @@ class _Builder:
             name=rv.name, kind=kind, inputs=slots, sampler=sampler, logp=logp, density_source=source,
             key=f"{kind}-{fam.name if fam else 'obs'}-{key_graph}", description=desc, output=output,
             output_family=fam, observed=observed, size=B, point_masses=has_point_masses(rv), mixture=mixture,
-            linear_normal=linear,
+            linear_normal=linear, evaluation_cost=cost,
         ))
 
     def _refuse_expanded(self, rv, leaves: dict) -> None:
@@ -2025,6 +2039,7 @@ def _inner_operations(var: Variable, latents: Sequence[Variable], limit: int = 3
 
 # below this (relative to the constant), the coefficients of an affine expression are rounding
 _CONSTANT_ATOL = 1e-12
+_LOGP_ENTRIES = 4_000_000  # entries of a density's intermediates evaluated at once (one table per point)
 _NO_SAMPLER = ("{name}: a latent pm.CustomDist needs a forward sampler; this one has only logp= "
                "(give it random= or write it with dist=)")
 # what the MvNormal refusals say is supported

@@ -191,7 +191,10 @@ class BlackBoxFactor:
         except for a multivariate likelihood of a few scalars
         (:mod:`pmkjit.graph.multivariate`), whose one instance is a whole vector's density
         (the entries of its observation or largest parameter: ``n**2`` for an ``MvNormal`` of
-        ``n`` values); the grids that integrate over its latents size their budgets by it.
+        ``n`` values), and a factor of one instance whose density is a table (a potential
+        summing over data: its largest intermediate's size); the grids that integrate over its
+        latents size their budgets by it (and a table's density is evaluated at few enough
+        points at once that their tables fit in memory).
     """
 
     name: str

@@ -348,6 +348,20 @@ def _expanded(var: Variable) -> Variable | None:
     return node.inputs[0]
 
 
+def largest_static_size(graph: Variable) -> int:
+    """The most entries of any variable in ``graph``, its axes of unknown length counted as 1.
+
+    A log-density over a batch of instances has the batch as its unknown axis; what is left
+    is one instance's work (1 for an elementwise density, the table's size for a potential
+    summing over a table of data).
+    """
+    from pytensor.graph.traversal import ancestors
+
+    sizes = [int(np.prod([1 if n is None else n for n in v.type.shape], dtype=np.int64))
+             for v in ancestors([graph]) if hasattr(v.type, "shape")]
+    return max(sizes, default=1)
+
+
 def unwrapped(var: Variable) -> Variable:
     """``var`` under the ``ViewOp`` and ``SpecifyShape`` that ``pm.Deterministic`` wraps it in."""
     while var.owner is not None and isinstance(var.owner.op, (ViewOp, SpecifyShape)):
