@@ -70,6 +70,7 @@ from pmkjit.graph.pytensor_tools import (
     compile_function,
     elementwise_nodes,
     evaluate_constant,
+    in_point_slices,
     largest_static_size,
     latent_ancestors,
     lift_indexing,
@@ -1751,12 +1752,9 @@ class _Builder:
                     shape = np.shape(x)
                     xs = np.ravel(x).astype(_dtype)
                     flat = [np.ravel(np.broadcast_to(a, shape)) for a in ins]
-                    if _step is None or xs.size <= _step:
+                    if _step is None:
                         return np.asarray(_f(xs, *flat), dtype=float).reshape(shape)
-                    out = np.empty(xs.size)
-                    for lo in range(0, xs.size, _step):
-                        out[lo:lo + _step] = _f(xs[lo:lo + _step], *[a[lo:lo + _step] for a in flat])
-                    return out.reshape(shape)
+                    return in_point_slices(_f, [xs, *flat], _step).reshape(shape)
             except NotImplementedError:
                 source = "abc-kernel"
         key_graph = graph_key(new_rv, inputs, extra=key_extra)

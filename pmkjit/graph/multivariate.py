@@ -28,7 +28,7 @@ from pytensor.graph.traversal import ancestors
 
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.graph.keys import graph_key
-from pmkjit.graph.pytensor_tools import compile_function, parameter_checks_to_ninf
+from pmkjit.graph.pytensor_tools import compile_function, in_point_slices, parameter_checks_to_ninf
 
 __all__ = ["scalar_log_density", "MAX_SCALARS"]
 
@@ -105,13 +105,10 @@ def scalar_log_density(model: pm.Model, rv: Variable, y: np.ndarray,
     def log_density(values: Sequence[np.ndarray]) -> np.ndarray:
         shape = np.shape(values[0])
         flat = [np.ravel(np.broadcast_to(v, shape)).astype(d) for v, d in zip(values, dtypes, strict=True)]
-        n = flat[0].size
-        out = np.empty(n)
         with np.errstate(all="ignore"):
-            for start in range(0, n, chunk):
-                # a chunk of points, each a whole density (a Cholesky factorisation of an
-                # n x n covariance for an MvNormal): not a loop over data points
-                out[start:start + chunk] = fn(*[f[start:start + chunk] for f in flat])
+            # each point a whole density (a Cholesky factorisation of an n x n covariance
+            # for an MvNormal)
+            out = in_point_slices(fn, flat, chunk)
         out[np.isnan(out)] = -np.inf
         return out.reshape(shape)
 

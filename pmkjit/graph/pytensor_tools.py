@@ -362,6 +362,21 @@ def largest_static_size(graph: Variable) -> int:
     return max(sizes, default=1)
 
 
+def in_point_slices(fn: Callable, args: Sequence[np.ndarray], step: int) -> np.ndarray:
+    """``fn(*args)`` on flat arrays of points, at most ``step`` points a call, as one flat array.
+
+    For a compiled density of which each point is a whole table or factorisation (a
+    multivariate likelihood's covariance, a potential summing over data): its
+    intermediates hold the point count times that size, so the points go in slices
+    (not a loop over data points).
+    """
+    n = args[0].size
+    out = np.empty(n)
+    for lo in range(0, n, step):
+        out[lo:lo + step] = fn(*[a[lo:lo + step] for a in args])
+    return out
+
+
 def unwrapped(var: Variable) -> Variable:
     """``var`` under the ``ViewOp`` and ``SpecifyShape`` that ``pm.Deterministic`` wraps it in."""
     while var.owner is not None and isinstance(var.owner.op, (ViewOp, SpecifyShape)):
