@@ -302,9 +302,11 @@ MODELS = {f.__name__: f for f in (negbin, betabinom, gamma, weibull, inverse_gam
                                    gamma_large_regression)}
 
 
-def compare_model(model, name: str, pair: list[str], seed: int, variant: str, target_accept: float = 0.8) -> dict:
-    """EP (``pmkjit.fit``) against NUTS on ``model``: the row of one model and variant, the
-    correlation taken between the first entries of the two variables named in ``pair``."""
+def compare_model(model, name: str, pair: list[str], seed: int, variant: str, target_accept: float = 0.8,
+                  nuts: tuple[int, int] = (2, 1000)) -> dict:
+    """EP (``pmkjit.fit``) against NUTS (``nuts``: chains and draws, after 1,000 tuning
+    steps) on ``model``: the row of one model and variant, the correlation taken between the
+    first entries of the two variables named in ``pair``."""
     names = [v.name for v in model.free_RVs]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -317,13 +319,13 @@ def compare_model(model, name: str, pair: list[str], seed: int, variant: str, ta
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
         with model:
-            nuts = pm.sample(1000, tune=1000, chains=2, random_seed=seed, progressbar=False,
-                             target_accept=target_accept)
+            reference = pm.sample(nuts[1], tune=1000, chains=nuts[0], random_seed=seed, progressbar=False,
+                                  target_accept=target_accept)
         t_nuts = time.perf_counter() - t0
     # unrounded: ArviZ rounds to two significant digits, 4% of an sd of 0.012 and the whole
     # difference between two sds of 0.005 (a regression on 12,000 observations)
     ep = az.summary(idata, var_names=names, kind="stats", round_to="none")
-    ref = az.summary(nuts, var_names=names, round_to="none")
+    ref = az.summary(reference, var_names=names, round_to="none")
     z = (ep["mean"] - ref["mean"]).abs() / ref["sd"]
     ratio = ep["sd"] / ref["sd"]
 
@@ -334,17 +336,17 @@ def compare_model(model, name: str, pair: list[str], seed: int, variant: str, ta
     return {
         "model": name, "variant": variant, "free_variables": names, "correlated_pair": pair, "max_z_err": float(z.max()),
         "max_z_at": str(z.idxmax()), "sd_ratio_min": float(ratio.min()), "sd_ratio_max": float(ratio.max()),
-        "corr_ep": corr(idata), "corr_nuts": corr(nuts),
+        "corr_ep": corr(idata), "corr_nuts": corr(reference),
         "sweeps": int(idata.ep.attrs["sweeps"]), "converged": bool(idata.ep.attrs["converged"]),
         "factor_methods": idata.ep.attrs["factor_methods"], "warnings": ep_warnings,
-        "seconds_ep": t_ep, "seconds_nuts": t_nuts, "nuts_divergences": int(nuts.sample_stats["diverging"].sum()),
+        "seconds_ep": t_ep, "seconds_nuts": t_nuts, "nuts_divergences": int(reference.sample_stats["diverging"].sum()),
         "nuts_min_ess_bulk": float(ref["ess_bulk"].min()),
         "z_err": {k: float(v) for k, v in z.items()}, "sd_ratio": {k: float(v) for k, v in ratio.items()},
     }
 
 
 def run_variants(models: dict, build, switch: str, script: str, out: Path, target_accept: float = 0.8,
-                 width: int = 26, description: str = "") -> None:
+                 width: int = 26, description: str = "", nuts: tuple[int, int] = (2, 1000)) -> None:
     """The side-by-side run of a benchmark script: ``build(name, rng) -> (model, pair)`` for each
     of ``models``, fitted with the library as it is (``collapsed``) and with ``pmkjit.fit``'s
     function ``switch`` (which says whether a factor gets one site) answering False (the
@@ -367,7 +369,7 @@ def run_variants(models: dict, build, switch: str, script: str, out: Path, targe
             # the ablation: no factor of this kind gets one site, as before it did
             setattr(fit_module, switch, one_site if variant == "collapsed" else (lambda factor: False))
             model, pair = build(name, np.random.default_rng(args.seed))
-            r = compare_model(model, name, pair, args.seed, variant, target_accept)
+            r = compare_model(model, name, pair, args.seed, variant, target_accept, nuts)
             rows.append(r)
             print(f"{name:{width}s} {variant:21s} {r['max_z_err']:8.3f} {r['sd_ratio_min']:5.2f}-{r['sd_ratio_max']:4.2f} "
                   f"{r['corr_ep']:6.2f}/{r['corr_nuts']:5.2f} {r['sweeps']:5d}{'' if r['converged'] else '*'} "
@@ -380,7 +382,7 @@ def run_variants(models: dict, build, switch: str, script: str, out: Path, targe
         "command": f"python benchmarks/{script}"
         + (" --models " + " ".join(args.models) if args.models != list(models) else "")
         + (" --variants " + " ".join(args.variants) if args.variants != ["collapsed", "instance-by-instance"] else ""),
-        "code": git_state(), "seed": args.seed, "rows": rows,
+        "code": git_state(), "seed": args.seed, "nuts_chains_draws": list(nuts), "rows": rows,
         "machine": {"python": platform.python_version(), "pymc": pm.__version__, "cpus": __import__("os").cpu_count()},
     }, indent=1))
     print(f"wrote {args.out}")

@@ -24,6 +24,7 @@ from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, integrates_gau
 from pmkjit.ep.collapsed_linear import CollapsedLinearNormal
 from pmkjit.ep.hierarchy import CollapsedPrior, collapsible_prior
 from pmkjit.ep.grouped import GroupedLikelihood, groupable
+from pmkjit.ep.nested import NestedLikelihood, nestable
 from pmkjit.ep.joint import JointQuadrature
 from pmkjit.ep.linear_normal import LinearNormalMethod
 from pmkjit.ep.mixture import NormalMixtureMethod
@@ -253,7 +254,7 @@ def fit(
     methods, kjits, oracles = _methods(graph, method, oracle, store, n_importance_samples, tol, rng)
     # (not for likelihoods fitted as one site: their law keeps the correlation)
     likelihood_sites = frozenset(
-        fi for fi, m in enumerate(methods) if isinstance(m, (CollapsedLikelihood, GroupedLikelihood)))
+        fi for fi, m in enumerate(methods) if isinstance(m, (CollapsedLikelihood, GroupedLikelihood, NestedLikelihood)))
     warn_non_centred(graph, likelihood_sites)
     warn_bounded_beside_linear(graph, signed_latents(original, bounded), one_site=likelihood_sites)
     # EP's own linear algebra is on the joint Gaussian of the real latents (tens to
@@ -359,9 +360,10 @@ def fit(
 
         # factors fitted as one site (likelihoods and hierarchical priors) are drawn from their law
         one_site = {fi: m for fi, m in enumerate(methods)
-                    if isinstance(m, (CollapsedLikelihood, CollapsedPrior, GroupedLikelihood)) and m.current}
+                    if isinstance(m, (CollapsedLikelihood, CollapsedPrior, GroupedLikelihood, NestedLikelihood)) and m.current}
         # likelihoods fitted as one site, whole or per group (their marginals are their laws' projections)
-        whole = [fi for fi, m in one_site.items() if isinstance(m, (CollapsedLikelihood, GroupedLikelihood))]
+        whole = [fi for fi, m in one_site.items()
+                 if isinstance(m, (CollapsedLikelihood, GroupedLikelihood, NestedLikelihood))]
         t0 = time.perf_counter()
         with default_initial_values(original):
             idata, given, jointly = assemble_inference_data(model, graph, state, draws, chains, rng,
@@ -375,7 +377,7 @@ def fit(
             # (else from EP's Gamma, short of the law's right tail: 0.74 of NUTS's sd)
             warn_latent_degrees_of_freedom(model, whole=frozenset(
                 graph.factors[fi].name for fi in whole
-                if not isinstance(one_site[fi], GroupedLikelihood) or fi in jointly))
+                if not isinstance(one_site[fi], (GroupedLikelihood, NestedLikelihood)) or fi in jointly))
             # (its own generator: drawing from rng would change every fit's posterior draws)
             warn_correlated_hyperparameters(graph, state, np.random.default_rng(0), jointly=frozenset(jointly))
             warn_overlapping_components(graph, state)
@@ -657,6 +659,15 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             # beta=rate[g])): one site per group, where instance-by-instance sites left sds
             # at 0.30-0.53 of NUTS's, unwarned
             collapsed = GroupedLikelihood(f, orc)
+            kjits.append(None)
+            methods.append(collapsed)
+            oracles[-1] = collapsed
+        elif oracle == "auto" and method == "kjit" and nestable(f) and kind in ("quadrature", "grid"):
+            # group effects beside a scalar every group reads (a negative binomial's shared
+            # alpha): one site for the whole likelihood, each group's scalar integrated at each
+            # node of the shared ones, where instance-by-instance sites (and per-group ones)
+            # left alpha's sd at 0.74 of NUTS's
+            collapsed = NestedLikelihood(f, orc)
             kjits.append(None)
             methods.append(collapsed)
             oracles[-1] = collapsed

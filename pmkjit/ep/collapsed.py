@@ -1248,17 +1248,27 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
             # (a scale the real latents are drawn given, pmkjit.ep.conditional, or a likelihood
             # drawn above); a per-group likelihood (pmkjit.ep.grouped): its groups' elements
             found = method.element_places()
-            if found is None or any(("theta" if p[0] == BLOCK else p[0]) in fixed for p in found[:-1]):
+            if found is None:
                 continue
-            hyper, out = found[:-1], found[-1]
-            # a per-group likelihood's Gaussian coordinates (BLOCK, J, a, c: x = a theta_J + c)
-            # are drawn so only where EP's posterior leaves each uncorrelated with every other
-            # coordinate (replacing them then keeps the rest of the joint Gaussian)
-            if any(p[0] == BLOCK and (theta is None or not _alone(state, p[1])) for p in hyper):
+            hyper, out = list(found[:-1]), found[-1]
+
+            def drawable(p) -> bool:
+                # a per-group likelihood's Gaussian coordinates (BLOCK, J, a, c: x = a theta_J + c)
+                # are drawn so only where EP's posterior leaves each uncorrelated with every other
+                # coordinate (replacing them then keeps the rest of the joint Gaussian)
+                return (p is not None and ("theta" if p[0] == BLOCK else p[0]) not in fixed
+                        and not (p[0] == BLOCK and (theta is None or not _alone(state, p[1])))
+                        and not {(p[0], int(j)) for j in p[1]} & taken)
+
+            if getattr(method, "draws_separately", False):
+                # shared scalars beside groups (pmkjit.ep.nested) are drawn from the law's
+                # marginal where the groups' coordinates cannot be replaced
+                hyper = [p if drawable(p) else None for p in hyper]
+                if all(p is None for p in hyper):
+                    continue
+            elif not all(drawable(p) for p in hyper):
                 continue
-            keys = [(p[0], int(j)) for p in hyper for j in p[1]]
-            if set(keys) & taken:
-                continue
+            keys = [(p[0], int(j)) for p in hyper if p is not None for j in p[1]]
             priors = _exact_priors(graph, state, f)
             if out is not None and out[0] not in fixed and not {(out[0], int(j)) for j in out[1]} & taken:
                 draws = method.joint_draws(marginals, state.sites[fi], n, rng, priors)
@@ -1280,7 +1290,9 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
                     if draws is None:
                         continue
                     draws = draws[:-1]
-            for place, x in zip(found, draws):
+            for place, x in zip(hyper + [out], draws):
+                if place is None:
+                    continue
                 name, idx = place[:2]
                 x = np.asarray(x, dtype=float).reshape(n, idx.size)
                 if name == BLOCK:

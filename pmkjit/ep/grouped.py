@@ -55,13 +55,16 @@ def groupable(f: BlackBoxFactor) -> bool:
     return _groups(f) is not None
 
 
-def _groups(f: BlackBoxFactor) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(group, first)``: each instance's group and each group's first instance, or None."""
+def slot_reads(f: BlackBoxFactor) -> list[np.ndarray] | None:
+    """What each instance of likelihood ``f`` reads through each latent slot, ``(N, 1)`` per
+    slot: the element's index, or a label of its row of a Gaussian projection; None where
+    ``f`` is not a likelihood with a density of two to four element or projection slots
+    that no two slots read alike."""
     if (f.kind != "likelihood" or f.logp is None or f.density_source != "pymc" or f.observed is None
             or f.analytic is not None or f.mixture is not None or f.joint or f.from_prior or f.size < 3):
         return None
     latent = f.latent_inputs
-    if not 2 <= len(latent) <= 3:
+    if not 2 <= len(latent) <= 4:
         return None
     slots = [f.inputs[i] for i in latent]
     idx = []  # per slot, what each instance reads: an element, or its row of a Gaussian projection
@@ -85,6 +88,29 @@ def _groups(f: BlackBoxFactor) -> tuple[np.ndarray, np.ndarray] | None:
     read = [(s.variable, int(j)) for s, i in zip(slots, idx) if isinstance(s, ElementSlot) for j in np.unique(i)]
     if len(set(read)) < len(read):
         return None
+    return idx
+
+
+def distinct_rows(f: BlackBoxFactor, group: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """``(rows, count, y, data)``: one instance of each set of a group's instances alike in all
+    they read (observed value and data), sorted by group so each group's are contiguous, how
+    many each stands for, and its observed value and data (by input position)."""
+    y = np.asarray(f.observed, dtype=float).reshape(f.size)
+    data = {i: np.asarray(s.values, dtype=float).reshape(f.size)
+            for i, s in enumerate(f.inputs) if isinstance(s, DataSlot)}
+    table = np.stack([group.astype(float), y] + list(data.values()), axis=1)
+    _, rows, counts = np.unique(table, axis=0, return_index=True, return_counts=True)
+    order = np.argsort(group[rows], kind="stable")
+    rows = rows[order]
+    return rows, counts[order].astype(float), y[rows], {i: v[rows] for i, v in data.items()}
+
+
+def _groups(f: BlackBoxFactor) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(group, first)``: each instance's group and each group's first instance, or None."""
+    idx = slot_reads(f)
+    if idx is None or len(idx) > 3:
+        return None
+    latent = f.latent_inputs
     keys = np.concatenate(idx, axis=1)
     _, first, group = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     n_groups = first.size
@@ -118,18 +144,9 @@ class GroupedLikelihood(OneSite):
         self._group, self._first = found
         self.n_groups = self._first.size
         self._size = np.bincount(self._group, minlength=self.n_groups).astype(float)
-        y = np.asarray(f.observed, dtype=float).reshape(f.size)
-        data = {i: np.asarray(s.values, dtype=float).reshape(f.size)
-                for i, s in enumerate(f.inputs) if isinstance(s, DataSlot)}
-        # instances of one group alike in all they read have one density, weighted by their
-        # count; sorted by group, so each group's are contiguous
-        table = np.stack([self._group.astype(float), y] + list(data.values()), axis=1)
-        _, rows, counts = np.unique(table, axis=0, return_index=True, return_counts=True)
-        order = np.argsort(self._group[rows], kind="stable")
-        self._rows, self._count = rows[order], counts[order].astype(float)
+        # instances of one group alike in all they read have one density, weighted by their count
+        self._rows, self._count, self._y, self._data = distinct_rows(f, self._group)
         self._row_group = self._group[self._rows]
-        self._y = y[self._rows]
-        self._data = {i: v[self._rows] for i, v in data.items()}
         self._latent = {i: k for k, i in enumerate(f.latent_inputs)}
         self._frames = None  # each group's frame at the end of the last sweep
 
