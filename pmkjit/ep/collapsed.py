@@ -286,7 +286,8 @@ class OneSite:
     :meth:`sites` while :attr:`active`, and otherwise (or where that returns None) asks
     ``per_instance``, the factor's ordinary method, and counts the sweep in
     ``n_per_instance_sweeps``. Subclasses define ``sites`` (counting its refusals in
-    ``_refused`` and its answers in ``n_integrals``) and ``_kind``, the method's name."""
+    ``_refused``, by :meth:`_counted`, and its answers in ``n_integrals``) and ``_kind``, the
+    method's name."""
 
     collapsed = True
 
@@ -333,6 +334,11 @@ class OneSite:
     def __call__(self, messages):
         """Instance-by-instance answers (what EP asks of a factor it does not collapse)."""
         return self.per_instance(messages)
+
+    def _counted(self, out: list[np.ndarray] | None) -> list[np.ndarray] | None:
+        """``out``, a sweep's new sites or None where the law was refused, counted in ``_refused``."""
+        self._refused = 0 if out is not None else self._refused + 1
+        return out
 
 
 class CollapsedLikelihood(OneSite):
@@ -409,9 +415,8 @@ class CollapsedLikelihood(OneSite):
         the latent inputs (batches of ``N``) and the factor's current ``sites``; None where
         the collapsed cavity is improper or the integral is refused. ``state`` (the EP
         state) gives a regression's coefficients their joint posterior."""
-        out = self._sites(marginals, sites) if self._block is None else self._regression_sites(marginals, sites, state)
-        self._refused = 0 if out is not None else self._refused + 1
-        return out
+        return self._counted(self._sites(marginals, sites) if self._block is None
+                             else self._regression_sites(marginals, sites, state))
 
     def _sites(self, marginals, sites):
         found = self._cavities(marginals, sites, improper=True)

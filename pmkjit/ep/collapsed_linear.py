@@ -123,9 +123,7 @@ class CollapsedLinearNormal(CollapsedLikelihood):
               state=None) -> list[np.ndarray] | None:
         """New per-instance sites ``[(N, 2) per latent]`` (see :meth:`CollapsedLikelihood.sites`);
         ``state``, the EP state, gives the Gaussian scalars their joint cavity."""
-        out = self._sites_in(marginals, sites, state)
-        self._refused = 0 if out is not None else self._refused + 1
-        return out
+        return self._counted(self._sites_in(marginals, sites, state))
 
     def _all_cavities(self, marginals, sites, state) -> tuple | None:
         """``(cavities, ref, (m, V))``: each latent's own cavity and reference instance, and the

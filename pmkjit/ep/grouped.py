@@ -160,9 +160,7 @@ class GroupedLikelihood(OneSite):
         """New per-instance sites ``[(N, 2) per latent]`` from the posterior ``marginals`` of
         the latent inputs and the factor's current ``sites``; None where a group's cavity is
         improper or its law is not held by its grid."""
-        out = self._sites(marginals, sites)
-        self._refused = 0 if out is not None else self._refused + 1
-        return out
+        return self._counted(self._sites(marginals, sites))
 
     def _sites(self, marginals, sites):
         found = self._law(marginals, sites)

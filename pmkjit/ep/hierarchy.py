@@ -211,8 +211,7 @@ class CollapsedPrior(OneSite):
             priors = _exact_priors(self._graph, state, self.factor)
             if priors is not None:
                 out = self._sites(marginals, sites, *found, priors=priors)
-        self._refused = 0 if out is not None else self._refused + 1
-        return out
+        return self._counted(out)
 
     def _cavities(self, marginals, sites) -> tuple[list[ExponentialFamily], ExponentialFamily, np.ndarray] | None:
         """The hyperparameters' collapsed cavities (their marginals less the factor's summed

@@ -26,8 +26,8 @@ every group's ``u_g`` on a uniform grid of its own in its unconstrained coordina
 groups and nodes at once; each group's moments are its conditional moments averaged over
 the nodes of ``s``. Their projections less the cavities are one site on each shared scalar
 (each instance carries ``1/N`` of it) and one per group (shared over its instances): the
-exact tilted law's, where per-group sites give EP with one factor per group. Joint draws are
-the law's too: ``s`` from its grid, then each group's scalar given it.
+exact tilted law's, not EP's with one factor per group. Joint draws are the law's too: ``s``
+from its grid, then each group's scalar given it.
 """
 
 from __future__ import annotations
@@ -122,9 +122,7 @@ class NestedLikelihood(OneSite):
         """New per-instance sites ``[(N, 2) per latent]`` from the posterior ``marginals`` of
         the latent inputs and the factor's current ``sites``; None where the law is not held
         by its grids."""
-        out = self._sites(marginals, sites)
-        self._refused = 0 if out is not None else self._refused + 1
-        return out
+        return self._counted(self._sites(marginals, sites))
 
     def _sites(self, marginals, sites):
         found = self._law(marginals, sites)
