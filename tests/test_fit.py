@@ -195,6 +195,8 @@ def test_kjit_that_does_not_converge_is_finished_by_its_quadrature_oracle():
     np.testing.assert_allclose(ep["gaussian_mean"].values, reference.ep["gaussian_mean"].values, rtol=1e-9)
 
 
+# (slow: 20-30 s; CI on a clean clone took 20.6 min with it, over its 20-minute budget)
+@pytest.mark.slow
 def test_kjit_that_converges_is_finished_by_its_quadrature_oracle_without_a_store(tmp_path):
     # An operator's systematic error, small per message, adds up over the instances whose
     # sites land on the same few coefficients: on 569 breast-cancer cases with Student-t

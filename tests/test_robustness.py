@@ -2906,6 +2906,8 @@ def test_a_likelihood_correlating_a_regression_with_its_scale_is_warned_about(fo
     assert float(idata.posterior["a"].std()) < 0.9 * sd_a
 
 
+# (slow: 20-30 s; CI on a clean clone took 20.6 min with it, over its 20-minute budget)
+@pytest.mark.slow
 def test_a_2pl_items_discrimination_correlated_with_its_difficulty_is_warned_about():
     # robustness round 29: a[item] * (theta[person] - b[item]) converged silently with sds of
     # a and b 0.51-0.94 of NUTS's, least for the items of extreme difficulty (NUTS correlates
