@@ -14,18 +14,8 @@ from scipy import special, stats
 import pmkjit
 from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, rotated_grid
 from pmkjit.families import Gaussian
-from pmkjit.graph import build_factor_graph
+from _graphs import factor as _factor
 from pmkjit.operators.grid import GridOracle
-
-
-_GRAPHS: dict[int, tuple] = {}  # model id -> (model, its factor graph): built once per model
-
-
-def _factor(model, name):
-    if id(model) not in _GRAPHS:
-        _GRAPHS[id(model)] = (model, build_factor_graph(model))
-    (f,) = [f for f in _GRAPHS[id(model)][1].factors if f.name == name]
-    return f
 
 
 def _moments(logp, grid):

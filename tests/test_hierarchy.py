@@ -13,17 +13,7 @@ from scipy import special, stats
 
 import pmkjit
 from pmkjit.ep.hierarchy import collapsible_prior
-from pmkjit.graph import build_factor_graph
-
-
-_GRAPHS: dict[int, tuple] = {}  # model id -> (model, its factor graph): built once per model
-
-
-def _factor(model, name):
-    if id(model) not in _GRAPHS:
-        _GRAPHS[id(model)] = (model, build_factor_graph(model))
-    (f,) = [f for f in _GRAPHS[id(model)][1].factors if f.name == name]
-    return f
+from _graphs import factor as _factor
 
 
 def _grid_moments(logp: np.ndarray, x: np.ndarray) -> tuple[float, float]:

@@ -17,17 +17,7 @@ import pmkjit
 from pmkjit.ep.collapsed import collapsible
 from pmkjit.ep.grouped import groupable
 from pmkjit.ep.nested import nestable
-from pmkjit.graph import build_factor_graph
-
-
-_GRAPHS: dict[int, tuple] = {}  # model id -> (model, its factor graph): built once per model
-
-
-def _factor(model, name):
-    if id(model) not in _GRAPHS:
-        _GRAPHS[id(model)] = (model, build_factor_graph(model))
-    (f,) = [f for f in _GRAPHS[id(model)][1].factors if f.name == name]
-    return f
+from _graphs import factor as _factor
 
 
 def _nested_exact(log_shared: np.ndarray, log_group) -> tuple[np.ndarray, list[np.ndarray]]:
