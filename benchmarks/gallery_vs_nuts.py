@@ -619,7 +619,12 @@ def hsgp_trend(seed):
 def hierarchical_negbin(seed):
     """Non-centred group intercepts (6 groups, 150 counts) in a negative binomial with a shared
     latent dispersion alpha: group effects beside a scalar read by every group."""
-    rng = np.random.default_rng(seed)
+    return hierarchical_negbin_drawn(np.random.default_rng(seed))
+
+
+def hierarchical_negbin_drawn(rng: np.random.Generator) -> pm.Model:
+    """:func:`hierarchical_negbin` with its data drawn from ``rng`` (also the nested-likelihood
+    benchmark's model)."""
     g = rng.integers(0, 6, 150)
     mu = np.exp(1.0 + rng.normal(0.0, 0.5, 6))[g]
     y = rng.negative_binomial(5, 5 / (5 + mu))

@@ -33,20 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import pmkjit  # noqa: E402, F401  (pmkjit.fit is patched by run_variants)
+from gallery_vs_nuts import hierarchical_negbin_drawn  # noqa: E402
 from shared_scalars_vs_nuts import run_variants  # noqa: E402
 
 
 def negbin_noncentred(rng):
     """The gallery's hierarchical_negbin: non-centred intercepts, a shared alpha."""
-    g = rng.integers(0, 6, 150)
-    mu = np.exp(1.0 + rng.normal(0.0, 0.5, 6))[g]
-    y = rng.negative_binomial(5, 5 / (5 + mu))
-    with pm.Model() as m:
-        mu0, tau = pm.Normal("mu0", 0, 2), pm.HalfNormal("tau", 1)
-        z = pm.Normal("z", 0, 1, shape=6)
-        alpha = pm.Gamma("alpha", 2, 0.2)
-        pm.NegativeBinomial("y", mu=pm.math.exp(mu0 + tau * z[g]), alpha=alpha, observed=y)
-    return m, ["alpha", "z"]
+    return hierarchical_negbin_drawn(rng), ["alpha", "z"]
 
 
 def negbin_centred(rng):
