@@ -205,6 +205,30 @@ def test_two_latent_density_factor_quadrature_vs_brute_force():
         np.testing.assert_allclose(got, _brute_force_compound_gamma(*c), rtol=1e-10)
 
 
+def _lognormal_in_first(x2, inputs):
+    """A density of two positive latents: log-normal in the first (sd 8 in log x1), flat in the second."""
+    (x1,) = inputs
+    return -np.log(x1) ** 2 / 128.0 + 0.0 * x2
+
+
+def test_quadrature_window_holds_the_statistics_mass_not_only_the_weight():
+    # The tilted law in u = log x1 is exp(u - 1e-80 e^u - u^2 / 128), about N(64, 8^2). E[x1]'s
+    # integrand, e^u times it, peaks 8 sds above the weight's peak, so a window of +-12 of the
+    # weight's sds cuts it 4 of its sds from its peak (a 3e-5 share). In 2-D no scan looks beyond
+    # the window: only the check of w |T| at its edges, not of w, widens it (without that check
+    # E[x1] is 1.7e-6 low).
+    msgs = (Gamma([1.0], [1e-80]), Gamma([2.0], [1.0]))
+    res = QuadratureOracle(_lognormal_in_first, (Gamma, Gamma), kind="density")(msgs)
+    assert res.accepted.all()
+    u = np.linspace(-200.0, 400.0, 600_001)
+    logw = u - 1e-80 * np.exp(u) - u**2 / 128.0
+    exact = {"log x": np.exp(logsumexp(logw, b=u) - logsumexp(logw)), "x": np.exp(logsumexp(logw + u) - logsumexp(logw))}
+    got = res.beliefs[0].expected_sufficient_statistics()[0]  # (E log x, E x)
+    np.testing.assert_allclose(got, [exact["log x"], exact["x"]], rtol=1e-8)
+    np.testing.assert_allclose(res.beliefs[1].expected_sufficient_statistics()[0], [special.digamma(2.0), 2.0],
+                               rtol=1e-8)
+
+
 def test_two_latent_density_factor_is_vs_quadrature():
     """Compound gamma: tau ~ Gamma(2, rate=r), r latent; both oracles on the 2-D tilted law."""
     msgs = (Gamma([3.0, 1.0], [2.0, 1.0]), Gamma([2.0, 5.0], [1.0, 3.0]))
