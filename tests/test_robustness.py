@@ -14,7 +14,7 @@ from scipy import stats
 import pmkjit
 from pmkjit.ep import engine
 from pmkjit.ep.linear_normal import LinearNormalMethod
-from pmkjit.errors import UnsupportedModelError
+from pmkjit.errors import InvalidDataError, UnsupportedModelError
 from pmkjit.families import Beta
 from pmkjit.diagnostics.model import warn_latent_skewness
 from pmkjit.graph import build_factor_graph
@@ -1083,6 +1083,27 @@ def test_a_model_without_latents_is_refused_clearly():
     with pm.Model() as model:
         pm.Normal("y", 1.0 + 0.5 * x, 0.5, observed=x)
     with pytest.raises(UnsupportedModelError, match=r"no free \(latent\) variables.*\(y\)"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+
+
+@pytest.mark.parametrize("prior, shown", [
+    (lambda: pm.Normal("b", 0.0, -1.0), r"Normal\(0\., -1\.\)"),  # was fitted as Normal(0, 1): the site's 1 / sigma^2
+    (lambda: pm.Normal("b", 0.0, 0.0), r"Normal\(0\., 0\.\)"),  # was a ValueError from a Cholesky solve
+    (lambda: pm.HalfNormal("b", 0.0), r"HalfNormal\(0\., 0\.\)"),  # was an IndexError
+    (lambda: pm.Normal("b", 0.0, np.array([1.0, -2.0]), shape=2)[0], r"Normal\(\[0\.\], \[ 1\. -2\.\]\)"),
+])
+def test_a_prior_whose_constant_parameters_pymc_rejects_is_refused_naming_it(prior, shown):
+    x = np.linspace(-1.0, 1.0, 10)
+    with pm.Model() as model:
+        b = prior()
+        pm.Normal("y", b * x, 1.0, observed=x)
+    with pytest.raises(InvalidDataError, match=r"^b: its prior " + shown + r" has no density .* pm\.sample refuses"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    # a parameter with a missing value keeps its own message
+    with pm.Model() as model:
+        b = pm.Normal("b", np.nan, 1.0)
+        pm.Normal("y", b * x, 1.0, observed=x)
+    with pytest.raises(InvalidDataError, match=r"^b: a parameter depends on a constant .* containing NaN"):
         pmkjit.fit(model=model, random_seed=1, progressbar=False)
 
 

@@ -224,6 +224,7 @@ class _Builder:
         self.graph = FactorGraph(variables=self.variables, n_theta=offset,
                                  predictive=[rv.name for rv in predictive])
         self.latent_rvs = fitted
+        self._check_prior_parameters(fitted)
         self.block = [
             (self.rv_of[v.name], slice(v.offset, v.offset + v.size), v.shape)
             for v in self.variables.values()
@@ -266,6 +267,42 @@ class _Builder:
             description=f"{rv.name}: order of its {var.size} entries (exact truncation)",
             observed=np.zeros(n), size=n, analytic="positive",
         ))
+
+    def _check_prior_parameters(self, fitted: list[Variable]) -> None:
+        """Refuse a prior whose constant parameters PyMC's own checks reject.
+
+        ``pm.Normal("b", 0, -1.0)`` has precision 1 / sigma^2 = 1 as an EP site, so without
+        this check it was fitted as ``Normal(0, 1)`` where ``pm.sample`` refuses the model
+        (and ``sigma = 0`` failed deep in a Cholesky solve). PyMC's log-density, with its
+        parameter checks as ``-inf``, is evaluated at the model's initial point for the priors
+        whose parameters read no latent; a prior with no finite density there is refused by
+        name. (A prior of latent parameters is checked where EP meets its values.)
+        """
+        model = self.model
+        constant = [rv for rv in fitted
+                    if not any(latent_ancestors(p, model.free_RVs) for p in dist_params(rv))]
+        if not constant:
+            return
+        try:
+            point = model.initial_point()
+            logps = model.compile_logp(vars=constant, jacobian=False, sum=False)(point)
+        except Exception:  # noqa: BLE001 -- a courtesy check: a model PyMC cannot start from is left to the fit
+            return
+        for rv, logp in zip(constant, logps):
+            bad = ~np.isfinite(np.asarray(logp, dtype=float))
+            if not bad.any():
+                continue
+            values = [np.asarray(evaluate_constant(p), dtype=float) for p in dist_params(rv)]
+            if not all(np.all(np.isfinite(v)) for v in values):
+                continue  # missing data in a parameter: refused below, with its own message
+            params = [np.array2string(v, threshold=6, precision=4) if v.size <= 6 else f"array of shape {v.shape}"
+                      for v in values]
+            raise InvalidDataError(
+                f"{rv.name}: its prior {type(rv.owner.op).__name__.removesuffix('RV')}"
+                f"({', '.join(params)}) has no density at its initial value: its parameters fail "
+                "PyMC's own checks (a scale or shape of 0 or below, bounds in the wrong order, ...); "
+                "pm.sample refuses this model too"
+            )
 
     def _check_drawable(self, rv: Variable) -> None:
         """Refuse, before EP, a latent that nothing reads and that cannot be drawn from its prior."""
