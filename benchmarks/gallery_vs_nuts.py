@@ -28,7 +28,7 @@ four or five shared scalars, fitted as one site with their Gaussian ones integra
 (``pmkjit.ep.collapsed_linear``, like the decay: logistic growth, a sinusoid with a phase on
 an interval, a sigmoid Emax dose-response curve) and two with a group's effect (an amplitude
 per group, an offset per group beside a decay; ``--no-one-site-gaussian-inputs`` leaves them
-all instance by instance, as before); last, ``pm.gp.HSGP`` with a latent length scale and
+all instance by instance, as before); then ``pm.gp.HSGP`` with a latent length scale and
 amplitude, in both parametrisations and beside a linear trend (``pmkjit.graph.expansion``);
 then a group's effect beside a shared scalar (``hierarchical_negbin``) and a changepoint
 summed out by hand; last, regressions with group effects, a covariate and a shared
