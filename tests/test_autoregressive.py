@@ -12,7 +12,7 @@ from pmkjit.errors import UnsupportedModelError
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
-@pytest.mark.parametrize("constant", [False, True])
+@pytest.mark.parametrize("constant", [pytest.param(False, marks=pytest.mark.slow), True])  # without a constant: 18 s (the other runs)
 def test_a_latent_ar_with_a_gaussian_likelihood_is_exact_against_pymcs_own_density(constant):
     # The whole model is Gaussian, so its posterior is N(m, H^-1) with m the maximiser of
     # PyMC's log-density and H its negative Hessian: an independent reference (PyMC's AR

@@ -175,7 +175,7 @@ def test_ordered_logistic_with_constant_cutpoints_matches_the_exact_posterior():
     assert "y_probs" in idata.posterior  # PyMC's deterministic of the class probabilities
 
 
-@pytest.mark.parametrize("kind", ["logistic", "probit"])
+@pytest.mark.parametrize("kind", ["logistic", pytest.param("probit", marks=pytest.mark.slow)])  # probit: 20 s
 def test_ordinal_outcome_with_latent_ordered_cutpoints_matches_the_exact_posterior(kind):
     """The cutpoints are real latents whose order the observations impose: each
     observation's density is its own class's probability, zero where the two cutpoints

@@ -229,6 +229,7 @@ def _hsgp_design(m=12, c=1.5):
     return pytensor.function([], phi)(), np.vectorize(pytensor.function([ls], sqrt_psd), signature="()->(m)")
 
 
+@pytest.mark.slow  # 30 s: the HSGP's exact posterior on a grid (the trend beside it and the gallery rows remain)
 def test_an_hsgp_with_a_latent_length_scale_matches_the_exact_posterior():
     # phi @ (beta * sqrt(psd(ls))): not affine in beta as a whole, refused until the builder
     # wrote it out column by column (pmkjit.graph.expansion); then twelve Gaussian inputs
@@ -272,6 +273,7 @@ def test_an_hsgp_with_a_latent_length_scale_matches_the_exact_posterior():
     np.testing.assert_array_less(np.abs(beta.std(axis=0) / sd["z"] - 1), 0.08)
 
 
+@pytest.mark.slow  # 17 s
 def test_a_trend_beside_an_hsgp_matches_the_exact_posterior():
     # a + b * t + f(t): the trend is a regression's predictor (two coordinates per instance)
     # among the Gaussian inputs, whose joint site the instances' sites hold; it was fitted

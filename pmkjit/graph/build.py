@@ -224,7 +224,6 @@ class _Builder:
         self.graph = FactorGraph(variables=self.variables, n_theta=offset,
                                  predictive=[rv.name for rv in predictive])
         self.latent_rvs = fitted
-        self._check_prior_parameters(fitted)
         self.block = [
             (self.rv_of[v.name], slice(v.offset, v.offset + v.size), v.shape)
             for v in self.variables.values()
@@ -237,6 +236,8 @@ class _Builder:
         for rv in model.observed_RVs:
             self._likelihood(rv)
         self.graph.ordered = list(self._ordered)
+        # after the factors, so that a refusal with a more specific message comes first
+        self._check_prior_parameters(fitted)
         return self.graph
 
     def _order_factor(self, rv: Variable) -> None:
@@ -274,21 +275,33 @@ class _Builder:
         ``pm.Normal("b", 0, -1.0)`` has precision 1 / sigma^2 = 1 as an EP site, so without
         this check it was fitted as ``Normal(0, 1)`` where ``pm.sample`` refuses the model
         (and ``sigma = 0`` failed deep in a Cholesky solve). PyMC's log-density, with its
-        parameter checks as ``-inf``, is evaluated at the model's initial point for the priors
-        whose parameters read no latent; a prior with no finite density there is refused by
-        name. (A prior of latent parameters is checked where EP meets its values.)
+        parameter checks as ``-inf``, is evaluated at PyMC's support point (the point
+        ``pm.sample`` starts from) of each prior whose parameters read no latent; a prior with
+        no finite density there is refused by name. (A prior of latent parameters is checked where EP meets its values.)
         """
         model = self.model
         constant = [rv for rv in fitted
                     if not any(latent_ancestors(p, model.free_RVs) for p in dist_params(rv))]
         if not constant:
             return
-        try:
-            point = model.initial_point()
-            logps = model.compile_logp(vars=constant, jacobian=False, sum=False)(point)
-        except Exception:  # noqa: BLE001 -- a courtesy check: a model PyMC cannot start from is left to the fit
+        from pymc.distributions.distribution import support_point
+
+        checked, outputs = [], []
+        for rv in constant:
+            try:
+                outputs.append(parameter_checks_to_ninf(pm.logp(rv, support_point(rv))))
+                checked.append(rv)
+            except Exception:  # noqa: BLE001 -- a courtesy check: a prior PyMC has no support point for is skipped
+                continue
+        if not checked:
             return
-        for rv, logp in zip(constant, logps):
+        try:
+            # one small constant graph for all of them (the model's own initial point and
+            # log-density took 0.1-0.3 s a build, a tenth of the test suite's time)
+            logps = compile_function([], outputs)()
+        except Exception:  # noqa: BLE001
+            return
+        for rv, logp in zip(checked, logps):
             bad = ~np.isfinite(np.asarray(logp, dtype=float))
             if not bad.any():
                 continue
