@@ -202,6 +202,7 @@ def test_ordinal_outcome_with_latent_ordered_cutpoints_matches_the_exact_posteri
     np.testing.assert_allclose(ep_sd / sd, 1.0, atol=0.06)
 
 
+@pytest.mark.slow  # 17 s
 def test_ordered_cutpoints_with_an_empty_class_between_them_match_the_exact_posterior():
     """Nothing in the data orders the two cutpoints around an empty class: the order
     factors do (the transform's restriction of the prior), with exact moments."""

@@ -270,6 +270,7 @@ def test_batched_mixture_with_a_data_column_scale_matches_the_exact_posterior():
                                     ("s", sg, post["s"].values)), 0.15, (0.8, 1.2))
 
 
+@pytest.mark.slow  # 16 s
 def test_the_ep_group_counts_the_grid_entries_answered_by_importance_sampling():
     y = _two_bumps(40, seed=6)
     with pm.Model() as model:

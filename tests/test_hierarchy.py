@@ -217,6 +217,7 @@ def test_a_hyper_scale_is_drawn_given_the_group_scales_it_shares_out():
         assert d.std() == pytest.approx(sd, rel=0.08)
 
 
+@pytest.mark.slow  # 16 s: NUTS as its reference
 def test_a_bayesian_lasso_with_a_latent_noise_keeps_its_one_site():
     # The diabetes lasso (HalfCauchy lam, Laplace coefficients, HalfNormal sigma): lam's cavity
     # is its prior's Gamma site (shape 0.31), whose left tail in log lam, e^(0.31 u), is far
