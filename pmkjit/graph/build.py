@@ -277,7 +277,7 @@ class _Builder:
         (and ``sigma = 0`` failed deep in a Cholesky solve). PyMC's log-density, with its
         parameter checks as ``-inf``, is evaluated at PyMC's support point (the point
         ``pm.sample`` starts from) of each prior whose parameters read no latent; a prior with
-        no finite density there is refused by name. (A prior of latent parameters is checked where EP meets its values.)
+        no finite density there is refused by name.
         """
         model = self.model
         constant = [rv for rv in fitted
@@ -307,7 +307,9 @@ class _Builder:
                 continue
             values = [np.asarray(evaluate_constant(p), dtype=float) for p in dist_params(rv)]
             if not all(np.all(np.isfinite(v)) for v in values):
-                continue  # missing data in a parameter: refused below, with its own message
+                # a missing value: the prior's own constant check refuses it first, naming missing
+                # data; one that got past it is left as it was before this check (not refused)
+                continue
             params = [np.array2string(v, threshold=6, precision=4) if v.size <= 6 else f"array of shape {v.shape}"
                       for v in values]
             raise InvalidDataError(
