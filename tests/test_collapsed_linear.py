@@ -229,7 +229,7 @@ def _hsgp_design(m=12, c=1.5):
     return pytensor.function([], phi)(), np.vectorize(pytensor.function([ls], sqrt_psd), signature="()->(m)")
 
 
-@pytest.mark.slow  # 30 s: the HSGP's exact posterior on a grid (the trend beside it and the gallery rows remain)
+@pytest.mark.slow  # 30 s: the HSGP's exact posterior on a grid (as the trend beside it: run with -m slow)
 def test_an_hsgp_with_a_latent_length_scale_matches_the_exact_posterior():
     # phi @ (beta * sqrt(psd(ls))): not affine in beta as a whole, refused until the builder
     # wrote it out column by column (pmkjit.graph.expansion); then twelve Gaussian inputs
