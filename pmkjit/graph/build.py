@@ -26,7 +26,7 @@ import pytensor
 import pytensor.tensor as pt
 from pymc.distributions.censored import CensoredRV
 from pymc.distributions.mixture import MixtureRV
-from pymc.distributions.distribution import SymbolicRandomVariable
+from pymc.distributions.distribution import SymbolicRandomVariable, support_point
 from pymc.distributions.simulator import SimulatorRV
 from pymc.distributions.truncated import TruncatedRV
 from pymc.pytensorf import find_rng_nodes, reseed_rngs
@@ -284,8 +284,6 @@ class _Builder:
                     if not any(latent_ancestors(p, model.free_RVs) for p in dist_params(rv))]
         if not constant:
             return
-        from pymc.distributions.distribution import support_point
-
         checked, outputs = [], []
         for rv in constant:
             try:
@@ -305,11 +303,8 @@ class _Builder:
             bad = ~np.isfinite(np.asarray(logp, dtype=float))
             if not bad.any():
                 continue
-            values = [np.asarray(evaluate_constant(p), dtype=float) for p in dist_params(rv)]
-            if not all(np.all(np.isfinite(v)) for v in values):
-                # a missing value: the prior's own constant check refuses it first, naming missing
-                # data; one that got past it is left as it was before this check (not refused)
-                continue
+            # _finite refuses a missing value in a parameter with its own message (missing data)
+            values = [np.asarray(_finite(evaluate_constant(p), rv.name, p), dtype=float) for p in dist_params(rv)]
             params = [np.array2string(v, threshold=6, precision=4) if v.size <= 6 else f"array of shape {v.shape}"
                       for v in values]
             raise InvalidDataError(
