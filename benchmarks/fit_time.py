@@ -6,8 +6,10 @@ checkout's library and one with the library of ``--against`` (checked out into a
 shared between them), on the gallery's model and seed. Each process first compiles a trivial
 PyTensor function, so that loading PyTensor's compilation cache (seconds, growing with the
 cache) is not counted in either library's time. Reported per model: the median wall time of
-``pmkjit.fit`` for each library, their ratio, and EP's sweeps (which must agree when a change
-is meant to leave the answers alone).
+``pmkjit.fit`` for each library, their ratio, EP's sweeps, and how far apart the two libraries'
+EP marginals are (``pmkjit.ep_posterior``: the largest difference of means in the first
+library's sds, and the range of their sd ratios), which must be small when a change is meant
+to leave the answers alone.
 
 Run: ``python benchmarks/fit_time.py --models negbin_intercepts_covariate --against HEAD~1``
 Output: ``benchmarks/results/fit_time.json``.
@@ -43,8 +45,10 @@ from gallery_vs_nuts import MODELS
 model = MODELS[{model!r}]({seed})
 t0 = time.perf_counter()
 idata = pmkjit.fit(model=model, random_seed={seed}, progressbar=False, compute_log_likelihood=False)
-print(json.dumps({{"seconds": time.perf_counter() - t0, "sweeps": int(idata.ep.attrs["sweeps"]),
-                  "library": pmkjit.__file__}}))
+seconds = time.perf_counter() - t0
+marginals = {{k: [q.mean().tolist(), q.var().tolist()] for k, q in pmkjit.ep_posterior(idata).items()}}
+print(json.dumps({{"seconds": seconds, "sweeps": int(idata.ep.attrs["sweeps"]), "library": pmkjit.__file__,
+                  "marginals": marginals}}))
 """
 
 
@@ -56,6 +60,21 @@ def _fit_once(library: Path, model: str, seed: int) -> dict:
     if not found["library"].startswith(str(library)):  # an installed pmkjit shadowing the one under test
         raise RuntimeError(f"the fit imported {found['library']}, not the library under {library}")
     return found
+
+
+def _apart(this: dict, then: dict) -> tuple[float, list[float]]:
+    """The largest difference of two fits' EP marginal means, in ``this`` fit's sds, and the
+    least and largest ratio of their sds (every latent of both, element by element)."""
+    if this.keys() != then.keys():
+        raise RuntimeError(f"the two fits have different latents: {sorted(this)} and {sorted(then)}")
+    moved, ratios = [], []
+    for name, (mean, var) in this.items():
+        mean_then, var_then = (np.asarray(a, dtype=float) for a in then[name])
+        sd = np.sqrt(np.asarray(var, dtype=float))
+        moved.append(np.max(np.abs(np.asarray(mean, dtype=float) - mean_then) / sd))
+        ratios.append(sd / np.sqrt(var_then))
+    ratios = np.concatenate([np.ravel(r) for r in ratios])
+    return float(max(moved)), [float(ratios.min()), float(ratios.max())]
 
 
 def main(argv=None) -> dict:
@@ -79,15 +98,18 @@ def main(argv=None) -> dict:
                 for _ in range(args.repeats):
                     runs["this"].append(_fit_once(ROOT, model, args.seed))
                     runs["against"].append(_fit_once(other, model, args.seed))
+                moved, ratios = _apart(runs["this"][0]["marginals"], runs["against"][0]["marginals"])
                 this = float(np.median([r["seconds"] for r in runs["this"]]))
                 then = float(np.median([r["seconds"] for r in runs["against"]]))
                 row = {"model": model, "seconds_this": this, "seconds_against": then, "ratio": this / then,
                        "sweeps_this": sorted({r["sweeps"] for r in runs["this"]}),
                        "sweeps_against": sorted({r["sweeps"] for r in runs["against"]}),
+                       "max_mean_difference_in_sds": moved, "sd_ratio_range": ratios,
                        "all_seconds": {k: [r["seconds"] for r in v] for k, v in runs.items()}}
                 rows.append(row)
                 print(f"{model}: {this:.1f} s against {then:.1f} s ({against}), ratio {this / then:.2f}, "
-                      f"sweeps {row['sweeps_this']} / {row['sweeps_against']}", flush=True)
+                      f"sweeps {row['sweeps_this']} / {row['sweeps_against']}, EP marginals apart by at most "
+                      f"{moved:.2g} sd, sd ratios {ratios[0]:.4f}-{ratios[1]:.4f}", flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT, capture_output=True)
     result = {"library": git_state(), "against": against, "repeats": args.repeats, "seed": args.seed, "models": rows}

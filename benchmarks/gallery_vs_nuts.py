@@ -724,6 +724,60 @@ def crossed_effects_logistic_noncentred(seed):
     return crossed_effects_logistic(seed, centred=False)
 
 
+def beta_regression(seed):
+    """A proportion's mean on the logit scale, its precision latent (``alpha = mu * kappa``,
+    ``beta = (1 - mu) * kappa``), 120 observations."""
+    rng = np.random.default_rng(seed)
+    n = 120
+    x = rng.normal(size=n)
+    mu = 1 / (1 + np.exp(-(0.3 + 0.8 * x)))
+    y = rng.beta(mu * 15, (1 - mu) * 15)
+    with pm.Model() as m:
+        a, b = pm.Normal("a", 0, 2), pm.Normal("b", 0, 2)
+        kappa = pm.Gamma("kappa", 2, 0.1)
+        mean = pm.math.invlogit(a + b * x)
+        pm.Beta("y", alpha=mean * kappa, beta=(1 - mean) * kappa, observed=y)
+    return m
+
+
+def two_way_anova(seed, centred=True):
+    """Row and column effects of a 6 x 5 table (one observation per cell, observed as the
+    table), each with a latent scale, and a latent noise scale; ``centred=False`` is the same
+    posterior written for NUTS (the centred one diverged 30-60 times)."""
+    rng = np.random.default_rng(seed)
+    R, C = 6, 5
+    y = 2.0 + rng.normal(0, 1.0, R)[:, None] + rng.normal(0, 0.5, C)[None, :] + rng.normal(0, 0.7, (R, C))
+    with pm.Model(coords={"row": range(R), "col": range(C)}) as m:
+        mu = pm.Normal("mu", 0, 5)
+        sr, sc = pm.HalfNormal("sr", 2), pm.HalfNormal("sc", 2)
+        if centred:
+            r, c = pm.Normal("r", 0, sr, dims="row"), pm.Normal("c", 0, sc, dims="col")
+        else:
+            r = pm.Deterministic("r", sr * pm.Normal("r_z", 0, 1, dims="row"), dims="row")
+            c = pm.Deterministic("c", sc * pm.Normal("c_z", 0, 1, dims="col"), dims="col")
+        sigma = pm.HalfNormal("sigma", 2)
+        pm.Normal("y", mu + r[:, None] + c[None, :], sigma, observed=y, dims=("row", "col"))
+    return m
+
+
+def two_way_anova_noncentred(seed):
+    return two_way_anova(seed, centred=False)
+
+
+def rat_tumours(seed):
+    """Binomial counts of 30 groups with Beta-distributed rates whose two parameters are
+    latent (Gelman et al.'s rat tumour model, with Exponential hyperpriors)."""
+    rng = np.random.default_rng(seed)
+    J = 30
+    n = rng.integers(15, 50, J)
+    y = rng.binomial(n, rng.beta(2, 12, J))
+    with pm.Model() as m:
+        a, b = pm.Exponential("a", 0.1), pm.Exponential("b", 0.02)
+        theta = pm.Beta("theta", a, b, shape=J)
+        pm.Binomial("y", n=n, p=theta, observed=y)
+    return m
+
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -751,6 +805,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "negbin_intercepts_covariate": negbin_intercepts_covariate,
     "gamma_glm_groups_covariate": gamma_glm_groups_covariate,
     "weibull_groups_covariate": weibull_groups_covariate, "crossed_effects_logistic": crossed_effects_logistic,
+    "beta_regression": beta_regression, "two_way_anova": two_way_anova, "rat_tumours": rat_tumours,
 }
 
 
@@ -760,6 +815,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
 EQUIVALENT: dict[str, tuple[Callable[[int], pm.Model], list[str]]] = {
     "hsgp_latent_centred": (hsgp_latent, ["ell", "eta", "sigma", "f"]),
     "crossed_effects_logistic": (crossed_effects_logistic_noncentred, ["mu", "su", "sv", "u", "v"]),
+    "two_way_anova": (two_way_anova_noncentred, ["mu", "sr", "sc", "r", "c", "sigma"]),
 }
 
 

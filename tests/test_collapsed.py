@@ -12,7 +12,8 @@ import pytest
 from scipy import special, stats
 
 import pmkjit
-from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, rotated_grid
+from pmkjit.ep import collapsed
+from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, grid_reach, rotated_grid
 from pmkjit.families import Gaussian
 from _graphs import factor as _factor
 from pmkjit.operators.grid import GridOracle
@@ -202,14 +203,30 @@ def _check_gamma_regression(idata, logp, axes, tol: float) -> float:
     return float(rho)
 
 
-def test_a_regression_beside_a_shared_scale_matches_the_exact_posterior():
+def test_a_regression_beside_a_shared_scale_matches_the_exact_posterior(monkeypatch):
     # pm.Gamma(mu=exp(a + b * x), sigma=s): the shape mu**2 / s**2 ties s to the intercept
     # (NUTS correlation about 0.6). Instance-by-instance sites gave sds of a and s 0.78 and
     # 0.76 of NUTS's (robustness round 13, N = 80, warned since round 20).
+    passes = []
+
+    def counted(log_law, *args, **kwargs):
+        passes.append([kwargs.get("frame", args[7] if len(args) > 7 else None) is not None, 0])
+
+        def law(U):
+            passes[-1][1] += 1
+            return log_law(U)
+
+        return rotated_grid(law, *args, **kwargs)
+
+    monkeypatch.setattr(collapsed, "rotated_grid", counted)
     model, logp, axes = _gamma_regression()
     idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=1000, compute_log_likelihood=False)
     assert idata.ep.attrs["converged"] and "y: collapsed grid" in idata.ep.attrs["factor_methods"]
     assert _check_gamma_regression(idata, logp, axes, tol=0.05) > 0.4
+    # every grid after the first starts from the last one's frame; the draws' grid (the last)
+    # takes one pass, where a fresh start takes several
+    assert not passes[0][0] and all(started for started, _ in passes[1:])
+    assert passes[0][1] >= 3 and passes[-1][1] == 1, passes
 
 
 # (slow: about 20-30 s; the collapsed regression beside a shared scale keeps its fast tests)
@@ -443,6 +460,35 @@ def test_the_rotated_grid_pushes_out_only_the_faces_a_long_tail_crosses():
     assert np.allclose(lows, np.round(lows)) and np.allclose(highs, np.round(highs))
     reach = np.abs(np.concatenate([lows, highs]))
     assert reach.max() > 1.5 * reach.min() and Z.shape[0] < 4 * nodes**2
+
+
+def test_a_grid_started_from_the_last_frame_and_reach_is_accepted_in_one_pass():
+    # The next sweep (and the draws) of a regression's collapsed law start from the last
+    # grid's frame; without its reach, the long tail's face had to be pushed out again: a
+    # zero-inflated negative binomial regression spent 3 passes per grid where 1 will do.
+    evaluations = []
+
+    def log_law(U):
+        evaluations.append(U.shape[0])
+        u1, u2 = U[:, 0], U[:, 1]
+        return u2 - np.exp(u2) - 0.5 * (u1 - 0.5 * u2) ** 2
+
+    nodes = 41
+    first = rotated_grid(log_law, 2, np.zeros(2), np.ones(2), nodes, 1.0, budget=4 * nodes**2)
+    assert first is not None and len(evaluations) > 2
+    Z, w, spacing, (centre, L) = first
+    reach = grid_reach(Z, spacing, nodes)
+    assert reach.max() > 1.5 and reach.min() == 1.0  # the tail's face alone was pushed out
+    evaluations.clear()
+    again = rotated_grid(log_law, 2, np.zeros(2), np.ones(2), nodes, 1.0, budget=4 * nodes**2,
+                         frame=(centre, L, reach))
+    assert len(evaluations) == 1
+    np.testing.assert_array_equal(again[0], Z)
+    np.testing.assert_allclose(again[1], w, rtol=1e-12)
+    # with the frame but not the reach, the face is pushed out again
+    evaluations.clear()
+    rotated_grid(log_law, 2, np.zeros(2), np.ones(2), nodes, 1.0, budget=4 * nodes**2, frame=(centre, L))
+    assert len(evaluations) == 2
 
 
 def test_a_latent_named_theta_is_drawn_as_itself_not_into_the_gaussian_block():

@@ -1107,6 +1107,45 @@ def test_a_prior_whose_constant_parameters_pymc_rejects_is_refused_naming_it(pri
         pmkjit.fit(model=model, random_seed=1, progressbar=False)
 
 
+def test_bad_data_beside_a_dirichlet_or_a_potential_is_refused_naming_the_user_s_variable():
+    # robustness round 39: a multinomial row that does not sum to n was fitted silently (the
+    # support check skipped multivariate likelihoods, and every model with a pm.Dirichlet:
+    # its stick-breaking values were named unlike PyMC's transformed values, so the check's
+    # initial point missed them); a zero concentration was named by a hidden stick, a class
+    # out of range by "not supported", and a -inf potential by an "observed value 0"
+    rng = np.random.default_rng(0)
+    counts = rng.multinomial(20, [0.2, 0.3, 0.5], 10)
+    counts[3, 0] += 1
+    with pm.Model() as model:
+        p = pm.Dirichlet("p", np.ones(3))
+        pm.Multinomial("y", n=20, p=p, observed=counts)
+    with pytest.raises(InvalidDataError, match=r"^y: the observed row \[" + ", ".join(map(str, counts[3])) + r"\] \(index \[3\], 1 of 10 rows\)"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    with pm.Model() as model:
+        p = pm.Dirichlet("p", np.ones(3))
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Binomial("k", 10, p[0], observed=np.array([2, 3, 11]))  # an entry above n
+        pm.Normal("z", b, 1.0, observed=np.zeros(3))
+    with pytest.raises(InvalidDataError, match=r"^k: the observed value 11 \(index \[2\]"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    with pm.Model() as model:
+        p = pm.Dirichlet("p", np.array([1.0, 0.0, 1.0]))
+        pm.Categorical("y", p=p, observed=rng.integers(0, 3, 30))
+    with pytest.raises(InvalidDataError, match=r"^p \(a pm\.Dirichlet\): its concentration has an entry of 0"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    with pm.Model() as model:
+        p = pm.Dirichlet("p", np.ones(3))
+        pm.Categorical("y", p=p, observed=np.array([0, 1, 3, 2]))
+    with pytest.raises(InvalidDataError, match=r"^y: the observed value 3 \(1 of 4 entries\) is not a class"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.Potential("bad", -np.inf * mu**0)
+        pm.Normal("y", mu, 1.0, observed=np.zeros(5))
+    with pytest.raises(InvalidDataError, match=r"^bad: the potential is -inf for every value of the latents tried"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+
+
 def test_initial_values_do_not_break_the_fit_or_the_non_centred_rewrite():
     # initval= made PyMC's fgraph_from_model raise NotImplementedError in
     # pm.compute_log_likelihood after EP had converged, and silently kept the non-centred

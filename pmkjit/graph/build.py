@@ -63,6 +63,7 @@ from pmkjit.graph.linear_normal import linear_normal_spec
 from pmkjit.graph.mixture import normal_mixture_spec
 from pmkjit.graph.multivariate import MAX_SCALARS, scalar_log_density
 from pmkjit.graph.observed import observed_as_data
+from pmkjit.graph.potential import POTENTIAL_PREFIX
 from pmkjit.graph.predictive import predictive_only
 from pmkjit.graph.simplex import STICK_PREFIX
 from pmkjit.graph.pytensor_tools import (
@@ -307,9 +308,15 @@ class _Builder:
             values = [np.asarray(_finite(evaluate_constant(p), rv.name, p), dtype=float) for p in dist_params(rv)]
             params = [np.array2string(v, threshold=6, precision=4) if v.size <= 6 else f"array of shape {v.shape}"
                       for v in values]
+            prior = f"{type(rv.owner.op).__name__.removesuffix('RV')}({', '.join(params)})"
+            if _stick_owner(rv.name) != rv.name:
+                # named by the user's pm.Dirichlet, not by its hidden stick-breaking Beta
+                raise InvalidDataError(
+                    f"{_stick_owner(rv.name)}: its concentration has an entry of 0 or below (its stick-breaking "
+                    f"{prior} has no density); pm.sample refuses this model too"
+                )
             raise InvalidDataError(
-                f"{rv.name}: its prior {type(rv.owner.op).__name__.removesuffix('RV')}"
-                f"({', '.join(params)}) has no density at its initial value: its parameters fail "
+                f"{rv.name}: its prior {prior} has no density at its initial value: its parameters fail "
                 "PyMC's own checks (a scale or shape of 0 or below, bounds in the wrong order, ...); "
                 "pm.sample refuses this model too"
             )
@@ -1011,6 +1018,8 @@ class _Builder:
             # class (a Dirichlet's stick-breaking weights): a factor of the latents they read
             try:
                 self._categorical_probabilities(rv, last_axis_columns(p), y, mask)
+            except InvalidDataError:
+                raise  # bad data, not an unsupported model: its own message
             except UnsupportedModelError as err:
                 raise UnsupportedModelError(f"{refusal} ({err})") from None
             return
@@ -1186,17 +1195,26 @@ class _Builder:
         if self._support_logp is None:
             self._support_logp = _observed_logps(self.model, self.rng)
         values = self._support_logp.get(rv.name)
-        if values is None or values[0].shape != y.shape:
+        # a multivariate likelihood (pm.Multinomial) has one density per row of y
+        if values is None or values[0].shape != y.shape[:y.ndim - getattr(rv.owner.op, "ndim_supp", 0)]:
             return
         bad = np.all([np.isneginf(v) for v in values], axis=0)
         if not bad.any():
             return
         idx = np.argwhere(bad)[0]
+        what = (f"value {y[tuple(idx)]:g} (index {idx.tolist()}, {int(bad.sum())} of {y.size} entries)"
+                if bad.shape == y.shape else
+                f"row [{', '.join(f'{v:g}' for v in y[tuple(idx)])}] (index {idx.tolist()}, {int(bad.sum())} of "
+                f"{bad.size} rows)")
+        if type(rv.owner.op).__name__.startswith(POTENTIAL_PREFIX):
+            raise InvalidDataError(f"{rv.name}: the potential is -inf for every value of the latents tried, so the "
+                                   "model has no density anywhere; pm.sample refuses it too")
         raise InvalidDataError(
-            f"{rv.name}: the observed value {y[tuple(idx)]:g} (index {idx.tolist()}, {int(bad.sum())} of {y.size} "
-            f"entries) has zero density under {type(rv.owner.op).__name__[:-2] or type(rv.owner.op).__name__} "
+            f"{rv.name}: the observed {what} has zero density under "
+            f"{type(rv.owner.op).__name__[:-2] or type(rv.owner.op).__name__} "
             "for any value of the latents tried: it lies outside the distribution's support (e.g. a count "
-            "above n, a negative time, a proportion of exactly 0 or 1 for a Beta); pm.sample refuses it too"
+            "above n, a negative time, a proportion of exactly 0 or 1 for a Beta, a multinomial row that "
+            "does not sum to n); pm.sample refuses it too"
         )
 
     def _constant(self, p: Variable, owner: str) -> np.ndarray | None:
@@ -1906,7 +1924,8 @@ def _label(var: Variable) -> str:
 
 
 def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list[np.ndarray]]:
-    """Elementwise log-density of every elementwise observed variable at three points.
+    """Elementwise log-density of every elementwise observed variable (and a multinomial's
+    per row) at three points.
 
     The model's initial point and two points jittered by U(-1, 1) in the transformed
     space (as ``pm.sample`` jitters its start), so that a parameter which is invalid
@@ -1921,6 +1940,9 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
     obs = []
     for rv in model.observed_RVs:
         if type(rv.owner.op).__name__ in _PARAMETER_SUPPORT:
+            continue
+        if type(rv.owner.op).__name__ == "MultinomialRV":
+            obs.append(rv)  # one density per row, which _check_support reads row by row
             continue
         partial = partial_observed(rv)
         try:

@@ -31,6 +31,9 @@ from pytensor.graph.traversal import ancestors, toposort
 
 from pmkjit.graph.pytensor_tools import drop_outputs, model_fgraph, parameter_checks_to_ninf
 
+#: the class name of the CustomDist a rewritten potential becomes starts with this
+POTENTIAL_PREFIX = "Potential_"
+
 __all__ = ["potentials_as_observations"]
 
 
@@ -86,7 +89,7 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
         if shapes is not None and all(s is not None for s in shapes):
             names = [out.name] if len(terms) == 1 else [f"{out.name}[{k}]" for k in range(len(terms))]
             for term, term_name, shape in zip(terms, names, shapes):
-                rv = pm.CustomDist.dist(term, logp=_itself, class_name=f"Potential_{out.name}")
+                rv = pm.CustomDist.dist(term, logp=_itself, class_name=f"{POTENTIAL_PREFIX}{out.name}")
                 observed = model_observed_rv(rv, pt.as_tensor(np.zeros(shape)))
                 observed.name = term_name
                 fg.add_output(observed, import_missing=True)
@@ -107,7 +110,7 @@ def potentials_as_observations(model: pm.Model) -> tuple[pm.Model, list[str]]:
             params = [pt.as_tensor(p) for p in params]
             return vectorize_graph(_body, replace=dict(zip(_dummies, params))) + 0.0 * value
 
-        rv = pm.CustomDist.dist(*latents, logp=logp, class_name=f"Potential_{name}")
+        rv = pm.CustomDist.dist(*latents, logp=logp, class_name=f"{POTENTIAL_PREFIX}{name}")
         observed = model_observed_rv(rv, pt.as_tensor(np.zeros(())))
         observed.name = name
         fg.add_output(observed, import_missing=True)

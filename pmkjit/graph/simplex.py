@@ -22,6 +22,7 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.model.fgraph import ModelFreeRV, model_deterministic, model_free_rv, model_from_fgraph
+from pymc.util import get_transformed_name
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.random.basic import DirichletRV
 from pytensor.tensor.type_other import NoneTypeT
@@ -71,8 +72,11 @@ def stick_break_dirichlet(model: pm.Model) -> tuple[pm.Model, list[str]]:
             name = f"{STICK_PREFIX}{wv.name}_{k}"
             beta = pt.random.beta(a[k], a[k + 1:].sum(), rng=pytensor.shared(np.random.default_rng(k)))
             beta.name = name
-            value = beta.type(name=name)
-            stick = model_free_rv(beta, value, pm.distributions.transforms.logodds)
+            # the value lives in the transformed space and is named as PyMC names it
+            # (model.initial_point() keys it so; a plain name left it out of checks that match them)
+            transform = pm.distributions.transforms.logodds
+            value = beta.type(name=get_transformed_name(name, transform))
+            stick = model_free_rv(beta, value, transform)
             stick.name = name
             fg.add_output(stick, import_missing=True)
             sticks.append(stick)
