@@ -171,6 +171,27 @@ def test_indexing_a_non_centred_group_effect_is_lifted_into_its_factors():
     np.testing.assert_allclose(f.logp(y, ins)[0], stats.poisson.logpmf(y[0], expect), rtol=1e-12)
 
 
+def test_an_entry_of_an_elementwise_vector_is_lifted_into_its_factor():
+    # lam = pm.math.exp(log_lam) read as lam[0] and lam[1] (a mixture's components, robustness
+    # round 39) was refused "through Subtensor"; exp(log_lam)[1] is exp(log_lam[1]), and a
+    # scalar broadcast into the vector is the scalar again
+    y = np.array([0.4, -1.2, 2.0, 0.7])
+    with pm.Model() as model:
+        log_s = pm.Normal("log_s", 0.0, 1.0, shape=2)
+        c = pm.HalfNormal("c", 1.0)
+        s = pm.math.exp(log_s) * c
+        pm.Normal("y", 0.0, s[1], observed=y)
+    graph = build_factor_graph(model)
+    (f,) = [f for f in graph.factors if f.name == "y"]
+    assert sorted(type(slot).__name__ for slot in f.inputs) == ["ElementSlot", "LinearSlot"]
+    off = {v.name: v.offset for v in graph.gaussian_variables}
+    theta = np.zeros(graph.n_theta)
+    theta[off["log_s"] + 1] = 0.3
+    ins = tuple((slot.A @ theta + slot.c)[None, :] if hasattr(slot, "A") else np.full((1, 4), 0.7)
+                for slot in f.inputs)
+    np.testing.assert_allclose(f.logp(y[None, :], ins)[0], stats.norm.logpdf(y, 0.0, np.exp(0.3) * 0.7), rtol=1e-12)
+
+
 def test_lognormal_likelihood_is_a_normal_on_the_log_scale():
     rng = np.random.default_rng(4)
     x = rng.normal(size=30)

@@ -230,7 +230,7 @@ def lift_indexing(var: Variable) -> Variable:
     """``var`` with integer-array indexing of elementwise expressions pushed into their inputs.
 
     ``(z * s)[group]`` becomes ``z[group] * s`` (an input broadcast along the indexed axis,
-    like the scalar ``s``, is left as it is), recursively: the non-centred hierarchical
+    like the scalar ``s``, is left as it is; ``exp(v)[0]`` becomes ``exp(v[0])``), recursively: the non-centred hierarchical
     effect ``pm.Deterministic("u", z * sd)[group]`` is then an elementwise function of a
     linear slot ``z[group]`` and a scalar latent, which the model walk understands. Only a
     single one-dimensional index on the first axis is lifted (``x[idx]``), which keeps the
@@ -245,9 +245,33 @@ def lift_indexing(var: Variable) -> Variable:
     """
     from pymc.distributions.distribution import SymbolicRandomVariable
     from pytensor.tensor.random.op import RandomVariable
-    from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
+    from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1, Subtensor
 
     memo: dict[Variable, Variable] = {}
+
+    def picked(node):
+        # x[i], a constant integer on the first axis of an elementwise x (lam = exp(log_lam)
+        # read as lam[0] and lam[1] in a mixture's components: refused as "through Subtensor")
+        if not isinstance(node.op, Subtensor) or len(node.op.idx_list) != 1 or isinstance(node.op.idx_list[0], slice):
+            return None
+        x, i = node.inputs
+        if not isinstance(i, Constant) or x.ndim < 1:
+            return None
+        x = unwrapped(x)
+        if x.owner is None or not isinstance(x.owner.op, Elemwise):
+            return None
+        return x, int(i.data)
+
+    def entry(inp: Variable, i: int) -> Variable:
+        if not inp.type.broadcastable[0]:
+            return inp[i]
+        # an input broadcast along the first axis: that axis dropped (a scalar expanded to
+        # a row is the scalar again, so the walk reads it as the scalar latent it is)
+        node = inp.owner
+        if node is not None and isinstance(node.op, DimShuffle) and node.op.new_order[0] == "x":
+            rest, source = list(node.op.new_order[1:]), node.inputs[0]
+            return source if rest == list(range(source.ndim)) else source.dimshuffle(rest)
+        return inp[0]
 
     def indexed(node):
         if isinstance(node.op, AdvancedSubtensor1):
@@ -305,6 +329,14 @@ def lift_indexing(var: Variable) -> Variable:
             # copy of the latent, no longer read as the latent
             node = None
         if node is not None:
+            found = picked(node)
+            if found is not None:
+                x, i = found
+                out = x.owner.op(*[lift(entry(inp, i)) for inp in x.owner.inputs])
+                if isinstance(out, (list, tuple)):
+                    out = out[x.owner.outputs.index(x)]
+                memo[v] = out
+                return out
             found = indexed(node)
             if found is not None:
                 x, idx, flat = found
