@@ -190,6 +190,21 @@ def test_an_entry_of_an_elementwise_vector_is_lifted_into_its_factor():
     ins = tuple((slot.A @ theta + slot.c)[None, :] if hasattr(slot, "A") else np.full((1, 4), 0.7)
                 for slot in f.inputs)
     np.testing.assert_allclose(f.logp(y[None, :], ins)[0], stats.norm.logpdf(y, 0.0, np.exp(0.3) * 0.7), rtol=1e-12)
+    # a column of an elementwise matrix: exp(W + c)[:, 1] is exp(W[:, 1] + c)
+    counts = np.array([1, 0, 3, 2])
+    with pm.Model() as model:
+        W = pm.Normal("W", 0.0, 1.0, shape=(4, 2))
+        c = pm.HalfNormal("c", 1.0)
+        pm.Poisson("k", pm.math.exp(W + c)[:, 1], observed=counts)
+    graph = build_factor_graph(model)
+    (f,) = [f for f in graph.factors if f.name == "k"]
+    assert sorted(type(slot).__name__ for slot in f.inputs) == ["ElementSlot", "LinearSlot"]
+    theta = np.random.default_rng(0).normal(size=graph.n_theta)
+    ins = tuple((slot.A @ theta + slot.c)[None, :] if hasattr(slot, "A") else np.full((1, 4), 0.7)
+                for slot in f.inputs)
+    W_value = theta[graph.gaussian_variables[0].offset + np.arange(8)].reshape(4, 2)
+    np.testing.assert_allclose(f.logp(counts[None, :].astype(float), ins)[0],
+                               stats.poisson.logpmf(counts, np.exp(W_value[:, 1] + 0.7)), rtol=1e-12)
 
 
 def test_lognormal_likelihood_is_a_normal_on_the_log_scale():

@@ -230,7 +230,7 @@ def lift_indexing(var: Variable) -> Variable:
     """``var`` with integer-array indexing of elementwise expressions pushed into their inputs.
 
     ``(z * s)[group]`` becomes ``z[group] * s`` (an input broadcast along the indexed axis,
-    like the scalar ``s``, is left as it is; ``exp(v)[0]`` becomes ``exp(v[0])``), recursively: the non-centred hierarchical
+    like the scalar ``s``, is left as it is; ``exp(v)[0]`` becomes ``exp(v[0])``, ``exp(W)[:, 0]`` ``exp(W[:, 0])``), recursively: the non-centred hierarchical
     effect ``pm.Deterministic("u", z * sd)[group]`` is then an elementwise function of a
     linear slot ``z[group]`` and a scalar latent, which the model walk understands. Only a
     single one-dimensional index on the first axis is lifted (``x[idx]``), which keeps the
@@ -245,33 +245,45 @@ def lift_indexing(var: Variable) -> Variable:
     """
     from pymc.distributions.distribution import SymbolicRandomVariable
     from pytensor.tensor.random.op import RandomVariable
-    from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1, Subtensor
+    from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1, Subtensor, indices_from_subtensor
 
     memo: dict[Variable, Variable] = {}
 
     def picked(node):
-        # x[i], a constant integer on the first axis of an elementwise x (lam = exp(log_lam)
-        # read as lam[0] and lam[1] in a mixture's components: refused as "through Subtensor")
-        if not isinstance(node.op, Subtensor) or len(node.op.idx_list) != 1 or isinstance(node.op.idx_list[0], slice):
+        # x[i], x[i, j], x[:, j]: constant basic indexing of an elementwise x that takes an
+        # entry on some axis (lam = exp(log_lam) read as lam[0] and lam[1] in a mixture's
+        # components, exp(W)[:, 0]: refused as "through Subtensor"); slices alone are read
+        # by the walk as they are
+        if not isinstance(node.op, Subtensor):
             return None
-        x, i = node.inputs
-        if not isinstance(i, Constant) or x.ndim < 1:
+        index = []
+        for ix in indices_from_subtensor(node.inputs[1:], node.op.idx_list):
+            parts = ix if not isinstance(ix, slice) else (ix.start, ix.stop, ix.step)
+            parts = parts if isinstance(parts, tuple) else (parts,)
+            if any(p is not None and not isinstance(p, Constant) for p in parts):
+                return None
+            values = [None if p is None else int(p.data) for p in parts]
+            index.append(slice(*values) if isinstance(ix, slice) else values[0])
+        if not any(isinstance(ix, int) for ix in index):
             return None
-        x = unwrapped(x)
+        x = unwrapped(node.inputs[0])
         if x.owner is None or not isinstance(x.owner.op, Elemwise):
             return None
-        return x, int(i.data)
+        return x, tuple(index)
 
-    def entry(inp: Variable, i: int) -> Variable:
-        if not inp.type.broadcastable[0]:
-            return inp[i]
-        # an input broadcast along the first axis: that axis dropped (a scalar expanded to
-        # a row is the scalar again, so the walk reads it as the scalar latent it is)
+    def entry(inp: Variable, index: tuple) -> Variable:
+        broadcast = inp.type.broadcastable
+        taken = [a for a, ix in enumerate(index) if isinstance(ix, int)]
         node = inp.owner
-        if node is not None and isinstance(node.op, DimShuffle) and node.op.new_order[0] == "x":
-            rest, source = list(node.op.new_order[1:]), node.inputs[0]
-            return source if rest == list(range(source.ndim)) else source.dimshuffle(rest)
-        return inp[0]
+        if (node is not None and isinstance(node.op, DimShuffle) and all(node.op.new_order[a] == "x" for a in taken)
+                and all(node.op.new_order[a] == "x" or ix == slice(None) for a, ix in enumerate(index))):
+            # an input broadcast along the axes taken: those axes dropped (a scalar expanded
+            # to a row is the scalar again, so the walk reads it as the scalar latent it is)
+            order, source = [o for a, o in enumerate(node.op.new_order) if a not in taken], node.inputs[0]
+            return source if order == list(range(source.ndim)) else source.dimshuffle(order)
+        # along a broadcast axis every entry is its one entry
+        return inp[tuple(0 if broadcast[a] and isinstance(ix, int) else slice(None) if broadcast[a] else ix
+                         for a, ix in enumerate(index))]
 
     def indexed(node):
         if isinstance(node.op, AdvancedSubtensor1):
@@ -331,8 +343,8 @@ def lift_indexing(var: Variable) -> Variable:
         if node is not None:
             found = picked(node)
             if found is not None:
-                x, i = found
-                out = x.owner.op(*[lift(entry(inp, i)) for inp in x.owner.inputs])
+                x, index = found
+                out = x.owner.op(*[lift(entry(inp, index)) for inp in x.owner.inputs])
                 if isinstance(out, (list, tuple)):
                     out = out[x.owner.outputs.index(x)]
                 memo[v] = out
