@@ -230,16 +230,18 @@ def lift_indexing(var: Variable) -> Variable:
     """``var`` with integer-array indexing of elementwise expressions pushed into their inputs.
 
     ``(z * s)[group]`` becomes ``z[group] * s`` (an input broadcast along the indexed axis,
-    like the scalar ``s``, is left as it is; ``exp(v)[0]`` becomes ``exp(v[0])``, ``exp(W)[:, 0]`` ``exp(W[:, 0])``), recursively: the non-centred hierarchical
+    like the scalar ``s``, is left as it is), recursively: the non-centred hierarchical
     effect ``pm.Deterministic("u", z * sd)[group]`` is then an elementwise function of a
-    linear slot ``z[group]`` and a scalar latent, which the model walk understands. Only a
-    single one-dimensional index on the first axis is lifted (``x[idx]``), which keeps the
-    result's shape, and a constant boolean mask of all of ``x``'s axes (``x[mask]``, the
-    rows PyMC's imputation of missing observations selects from a likelihood's
-    parameters), as the integer index of the mask's flat positions into ``x`` raveled
+    linear slot ``z[group]`` and a scalar latent, which the model walk understands. Of
+    integer-array indexing, only a single one-dimensional index on the first axis is lifted
+    (``x[idx]``), which keeps the result's shape, and a constant boolean mask of all of
+    ``x``'s axes (``x[mask]``, the rows PyMC's imputation of missing observations selects
+    from a likelihood's parameters), as the integer index of the mask's flat positions into ``x`` raveled
     (through inputs that only broadcast a column or row against the mask, too). An outer
     product ``pt.outer(x, y)`` (a ``Dot`` of a column and a row) becomes the elementwise
-    ``x[:, None] * y[None, :]`` on the way.
+    ``x[:, None] * y[None, :]`` on the way. Constant basic indexing that takes an entry on
+    some axis is lifted too: ``exp(v)[0]`` becomes ``exp(v[0])`` and ``exp(W)[:, 0]``
+    ``exp(W[:, 0])`` (slices alone are left to the walk, which reads them).
     A new graph is returned (the model's graph is not modified); ``var`` itself when there
     is nothing to lift.
     """
