@@ -224,9 +224,9 @@ def test_a_regression_beside_a_shared_scale_matches_the_exact_posterior(monkeypa
     assert idata.ep.attrs["converged"] and "y: collapsed grid" in idata.ep.attrs["factor_methods"]
     assert _check_gamma_regression(idata, logp, axes, tol=0.05) > 0.4
     # every grid after the first starts from the last one's frame; the draws' grid (the last)
-    # takes one pass, where a fresh start takes several
+    # takes one pass, where the first, from the law's mode, takes two or more
     assert not passes[0][0] and all(started for started, _ in passes[1:])
-    assert passes[0][1] >= 3 and passes[-1][1] == 1, passes
+    assert passes[0][1] >= 2 and passes[-1][1] == 1, passes
 
 
 # (slow: about 20-30 s; the collapsed regression beside a shared scale keeps its fast tests)

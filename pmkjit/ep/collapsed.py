@@ -491,13 +491,18 @@ class CollapsedLikelihood(OneSite):
         sweep they are the priors: sixty bivariate Student-t rows put the law of a location
         pair and ``nu`` 35 prior sds inside a Normal(0, 5) prior, the grid oracle refused it
         in eight passes, and EP stayed at the prior, 9 sds off (robustness round 32)."""
+        return self._mode_frame(cavities, *_marginal_frames(marginals, ref))
+
+    def _mode_frame(self, cavities, start, var, to_inputs=None) -> tuple[np.ndarray, np.ndarray] | None:
+        """The collapsed law's mode and the diagonal of its inverse curvature there, searched
+        by BFGS from ``start`` in units of ``sqrt(var)`` (``to_inputs`` as for
+        :meth:`_log_law_at`); None where the search fails."""
         from scipy import optimize
 
-        start, var = _marginal_frames(marginals, ref)
         scale = np.sqrt(var)
 
         def objective(z):
-            law = self._log_law_at(cavities, [np.atleast_1d(u) for u in start + scale * z])
+            law = self._log_law_at(cavities, [np.atleast_1d(u) for u in start + scale * z], to_inputs=to_inputs)
             return 1e300 if law is None else -float(law[0])
 
         with np.errstate(all="ignore"):
@@ -630,8 +635,15 @@ class CollapsedLikelihood(OneSite):
         found = None
         if self._integrator == "grid":
             frame = self._frame_now(m, K)
-            found = self._moments_on_rotated_grid(cavities, centre, var, to_inputs=to_inputs, frame=frame)
-            if found is None and frame is not None:  # the law moved away from the last frame
+            if frame is not None:
+                found = self._moments_on_rotated_grid(cavities, centre, var, to_inputs=to_inputs, frame=frame)
+            else:
+                # the first grid: from the law's mode and curvature, not from EP's marginals (the
+                # priors, in the first sweep), which took three passes more to reach the law
+                mode = self._mode_frame(cavities, centre, var, to_inputs)
+                if mode is not None:
+                    found = self._moments_on_rotated_grid(cavities, *mode, to_inputs=to_inputs)
+            if found is None:  # the law moved away from the last frame, or left the mode's
                 found = self._moments_on_rotated_grid(cavities, centre, var, to_inputs=to_inputs)
             if found is not None:
                 self._keep_frame(found[3], m, W)
