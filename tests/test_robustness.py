@@ -1182,6 +1182,24 @@ def test_bad_data_beside_a_dirichlet_or_a_potential_is_refused_naming_the_user_s
         pmkjit.fit(model=model, random_seed=1, progressbar=False)
 
 
+def test_rows_wider_than_their_probabilities_and_an_invalid_scale_are_refused_by_name():
+    # robustness round 40: a multinomial's rows of 4 against 3 probabilities were fitted
+    # silently (its factors read them apart; PyMC fails only when building the density), and
+    # a likelihood's sigma=-1 was reported as its first observation lying outside the support
+    with pm.Model() as model:
+        p = pm.Dirichlet("p", np.ones(3))
+        pm.Multinomial("y", n=10, p=p, observed=np.array([[3, 3, 2, 2]] * 4))
+    with pytest.raises(UnsupportedModelError, match=r"^y: PyMC cannot build its log-density .* shape \(4, 4\)"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.Normal("y", mu, -1.0, observed=np.linspace(-1.0, 1.0, 10))
+    with pytest.raises(InvalidDataError, match=r"^y: every observed value has zero density under Normal .*"
+                                               r"\(the first: value -1 \(index \[0\], 10 of 10 entries\)\): a parameter "
+                                               r"is out of its range"):
+        pmkjit.fit(model=model, random_seed=1, progressbar=False)
+
+
 def test_initial_values_do_not_break_the_fit_or_the_non_centred_rewrite():
     # initval= made PyMC's fgraph_from_model raise NotImplementedError in
     # pm.compute_log_likelihood after EP had converged, and silently kept the non-centred

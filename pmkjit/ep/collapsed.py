@@ -176,6 +176,12 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
     if block is None:
         if dims <= _MAX_LATENTS and (dims < 3 or all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent)):
             return bases, None, None
+        # four scalars none of which is Gaussian and affine in the mean (a growth curve's
+        # positive level, rate and noise beside its midpoint): the rotated grid, where affordable
+        if (dims == _MAX_REGRESSION_DIMS and not _integrable(f)
+                and all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent)
+                and _SITE_NODES[dims][1] ** dims * f.size <= _MAX_REGRESSION_EVALUATIONS):
+            return bases, None, None
         # more scalars than the grid takes, where the Gaussian ones integrate out in closed
         # form given the others (pmkjit.ep.collapsed_linear)
         return (bases, None, "gaussian inputs") if _integrable(f) else None
@@ -444,6 +450,8 @@ class CollapsedLikelihood(OneSite):
             if beliefs is None:
                 laplace = self._laplace_frame(cavities, marginals, ref)
                 beliefs = None if laplace is None else on_grid(laplace)
+        elif len(cavities) == 4:
+            beliefs = self._beliefs_on_rotated_grid(cavities, marginals, ref)
         else:
             # Adaptive quadrature, or for a law with a long flat side (Rice's nu towards 0
             # where the data leave it free, a truncated Normal's scale where its bounds hug
@@ -466,6 +474,30 @@ class CollapsedLikelihood(OneSite):
             order = (by_wide_grid, by_quadrature) if self._quadrature_refused else (by_quadrature, by_wide_grid)
             beliefs = order[0]() or order[1]()
         return None if beliefs is None else self._instance_sites(beliefs, cavities)
+
+    def _beliefs_on_rotated_grid(self, cavities, marginals, ref) -> list | None:
+        """Projected beliefs of a collapsed law of four scalars on :meth:`_moments_on_rotated_grid`,
+        or None.
+
+        Not the three-latent law's axis-aligned grid: a growth curve's level, rate and midpoint
+        are strongly correlated, so most of an axis-aligned grid's nodes fall where the law has
+        no mass. The grid starts in the last one's frame (the coordinates do not move with the
+        cavity, unlike a regression's), else at the law's mode, else at EP's marginals."""
+        start = _marginal_frames(marginals, ref)
+        found = None
+        if self._frame is not None:
+            found = self._moments_on_rotated_grid(cavities, *start, frame=self._frame)
+        if found is None:
+            mode = self._laplace_frame(cavities, marginals, ref)
+            if mode is not None:
+                found = self._moments_on_rotated_grid(cavities, *mode)
+        if found is None:
+            found = self._moments_on_rotated_grid(cavities, *start)
+        if found is None:
+            return None
+        self._frame = tuple(np.array(a, dtype=float) for a in found[3])
+        beliefs, accepted = project_beliefs([type(c) for c in cavities], found[2], np.ones(1, bool))
+        return beliefs if bool(np.asarray(accepted)[0]) else None
 
     def _instance_sites(self, beliefs, cavities) -> list[np.ndarray] | None:
         """The collapsed site (the tilted law's projections ``beliefs`` less the ``cavities``)

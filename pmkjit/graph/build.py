@@ -1201,17 +1201,24 @@ class _Builder:
         bad = np.all([np.isneginf(v) for v in values], axis=0)
         if not bad.any():
             return
+        if type(rv.owner.op).__name__.startswith(POTENTIAL_PREFIX):
+            raise InvalidDataError(f"{rv.name}: the potential is -inf for every value of the latents tried, so the "
+                                   "model has no density anywhere; pm.sample refuses it too")
         idx = np.argwhere(bad)[0]
         what = (f"value {y[tuple(idx)]:g} (index {idx.tolist()}, {int(bad.sum())} of {y.size} entries)"
                 if bad.shape == y.shape else
                 f"row [{', '.join(f'{v:g}' for v in y[tuple(idx)])}] (index {idx.tolist()}, {int(bad.sum())} of "
                 f"{bad.size} rows)")
-        if type(rv.owner.op).__name__.startswith(POTENTIAL_PREFIX):
-            raise InvalidDataError(f"{rv.name}: the potential is -inf for every value of the latents tried, so the "
-                                   "model has no density anywhere; pm.sample refuses it too")
+        law = type(rv.owner.op).__name__[:-2] or type(rv.owner.op).__name__
+        if bad.all() and bad.size > 1:
+            # every entry at once is a parameter out of its range (sigma=-1) more often than data
+            raise InvalidDataError(
+                f"{rv.name}: every observed {'value' if bad.shape == y.shape else 'row'} has zero density under "
+                f"{law} for any value of the latents tried (the first: {what}): a parameter is out of its range "
+                "(a scale of 0 or below, a probability outside [0, 1], n below the counts), or the data lie outside "
+                "the distribution's support; pm.sample refuses it too")
         raise InvalidDataError(
-            f"{rv.name}: the observed {what} has zero density under "
-            f"{type(rv.owner.op).__name__[:-2] or type(rv.owner.op).__name__} "
+            f"{rv.name}: the observed {what} has zero density under {law} "
             "for any value of the latents tried: it lies outside the distribution's support (e.g. a count "
             "above n, a negative time, a proportion of exactly 0 or 1 for a Beta, a multinomial row that "
             "does not sum to n); pm.sample refuses it too"
@@ -1963,8 +1970,30 @@ def _observed_logps(model: pm.Model, rng: np.random.Generator) -> dict[str, list
         with np.errstate(all="ignore"):
             evals = [fn(*[np.asarray(p[v.name], dtype=v.dtype) for v in inputs]) for p in points]
     except Exception:  # noqa: BLE001 - the factors check their own densities later
+        _refuse_mismatched_shapes(model, obs)
         return {}
     return {rv.name: [np.asarray(e[i], dtype=float) for e in evals] for i, rv in enumerate(obs)}
+
+
+def _refuse_mismatched_shapes(model: pm.Model, obs: list[Variable]) -> None:
+    """Name the likelihood whose parameters' shapes do not fit its observed data.
+
+    PyMC builds a multinomial of rows of 4 against 3 probabilities without complaint and
+    fails only when its log-density is built; pmkjit's factors read the probabilities and
+    the rows apart and fitted such a model silently. ``pm.sample`` refuses it too."""
+    for rv in obs:
+        try:
+            model.logp(vars=[rv], sum=False, jacobian=False)
+        except ValueError as err:
+            if "shape" in str(err).lower():
+                data = model.rvs_to_values[rv]
+                shape = getattr(getattr(data, "data", None), "shape", None)
+                raise UnsupportedModelError(
+                    f"{rv.name}: PyMC cannot build its log-density ({err}): its parameters' shapes do not fit "
+                    + (f"its observed data's shape {tuple(shape)}" if shape is not None else "its observed data")
+                    + "; pm.sample refuses it too") from None
+        except Exception:  # noqa: BLE001 - another reason, refused later by its own factor if at all
+            continue
 
 
 def _finite(value: np.ndarray, owner: str, var: Variable) -> np.ndarray:
