@@ -271,6 +271,30 @@ def test_batched_mixture_with_a_data_column_scale_matches_the_exact_posterior():
 
 
 @pytest.mark.slow  # 16 s
+def test_a_mixture_of_ordered_means_is_not_one_site_of_four_scalars():
+    # robustness round 40: four scalars became one site on the rotated grid, but a mixture's
+    # ordered means are kept in order by a factor of their own, so the likelihood's law alone
+    # has two modes; its grid was refused in every sweep, 60 s spent before the factor stayed
+    # instance by instance
+    from pmkjit.ep.collapsed import on_rotated_elements
+    from pmkjit.fit import _reads_two_of_an_ordered_vector
+    from pmkjit.graph import build_factor_graph
+
+    y = _two_bumps(40, seed=6)
+    for ordered in (True, False):
+        with pm.Model() as model:
+            a = pm.Normal("a", 0.0, 1.0)
+            kw = dict(transform=pm.distributions.transforms.ordered, initval=[-1.0, 1.0]) if ordered else {}
+            mu = pm.Normal("mu", [-1.0, 1.0], 5.0, shape=2, **kw)
+            s = pm.HalfNormal("s", 2.0)
+            p = pm.math.invlogit(a)
+            pm.Mixture("y", w=pm.math.stack([p, 1.0 - p]), comp_dists=pm.Normal.dist(mu, s), observed=y)
+        graph = build_factor_graph(model)
+        (f,) = [f for f in graph.factors if f.name == "y"]
+        assert on_rotated_elements(f)
+        assert _reads_two_of_an_ordered_vector(f, graph) is ordered
+
+
 def test_the_ep_group_counts_the_grid_entries_answered_by_importance_sampling():
     y = _two_bumps(40, seed=6)
     with pm.Model() as model:

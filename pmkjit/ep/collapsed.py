@@ -14,10 +14,11 @@ sign in EP's own output.
 
 Treated as one factor, the likelihood's tilted law is the factor's cavity (EP's marginal
 of each latent less the sum of the factor's sites on it) times the whole likelihood,
-``prod_n psi(y_n | theta, x_n)``, a law of two or three scalars; its moments are exact
+``prod_n psi(y_n | theta, x_n)``, a law of two to five scalars; its moments are exact
 integrals, by adaptive quadrature in 2-D (:class:`~pmkjit.operators.QuadratureOracle`) and
-a Gauss-Hermite grid in 3-D (:class:`~pmkjit.operators.GridOracle`), in the latents'
-unconstrained coordinates. Its projection onto each latent's family, divided by the
+a Gauss-Hermite grid in 3-D (:class:`~pmkjit.operators.GridOracle`) and a uniform grid in
+the law's own rotated frame in 4-D and 5-D (:func:`rotated_grid`: a growth or dose-response
+curve's correlated level, rate, midpoint and noise), in the latents' unconstrained coordinates. Its projection onto each latent's family, divided by the
 cavity, is the factor's site; each instance carries ``1/N`` of it, so the posterior is
 assembled as for any factor. When this likelihood and the latents' priors make the whole
 model, EP's marginals are then the exact marginals' projections; in larger models it is
@@ -116,8 +117,9 @@ _MAX_CUBATURE_EVALUATIONS = 5e7  # distinct instances x nodes x points of the co
 
 
 def collapsible(f: BlackBoxFactor) -> bool:
-    """Whether every instance of likelihood ``f`` reads the same two or three scalar latents
-    (or more, where a Normal's Gaussian ones integrate out: :func:`integrates_gaussian_inputs`).
+    """Whether every instance of likelihood ``f`` reads the same two to five scalar latents (four
+    or five on the rotated grid, where affordable), or more where a Normal's Gaussian ones
+    integrate out (:func:`integrates_gaussian_inputs`).
 
     Element slots must name one element for all instances; linear slots must be multiples
     of one projection of the Gaussian block, with any offsets (``s_n * b + d_n``: data
@@ -127,6 +129,14 @@ def collapsible(f: BlackBoxFactor) -> bool:
     Factors with a semi-analytic, mixture or joint method keep it.
     """
     return _layout(f) is not None
+
+
+def on_rotated_elements(f: BlackBoxFactor) -> bool:
+    """Whether likelihood ``f`` is collapsible as a law of four or five element scalars on the
+    rotated grid (:meth:`CollapsedLikelihood._beliefs_on_rotated_grid`)."""
+    layout = _layout(f)
+    return layout is not None and layout[1] is None and layout[2] is None and sum(
+        1 if b is None else b[0].size for b in layout[0]) >= 4
 
 
 def integrates_gaussian_inputs(f: BlackBoxFactor) -> bool:
@@ -481,8 +491,8 @@ class CollapsedLikelihood(OneSite):
         return None if beliefs is None else self._instance_sites(beliefs, cavities)
 
     def _beliefs_on_rotated_grid(self, cavities, marginals, ref) -> list | None:
-        """Projected beliefs of a collapsed law of four scalars on :meth:`_moments_on_rotated_grid`,
-        or None.
+        """Projected beliefs of a collapsed law of four or five scalars on
+        :meth:`_moments_on_rotated_grid`, or None.
 
         Not the three-latent law's axis-aligned grid: a growth curve's level, rate and midpoint
         are strongly correlated, so most of an axis-aligned grid's nodes fall where the law has
