@@ -1545,8 +1545,8 @@ def _without_jitter_variance(Zs: np.ndarray, Z: np.ndarray, w: np.ndarray, spaci
     their cell) mapped affinely back to the grid's mean and covariance.
 
     The jitter adds ``spacing**2 / 12`` to the variance along every axis: on the 15 nodes per
-    axis of a five-coordinate grid (0.93 sds apart) the draws' sds came out 3-5% wider than
-    EP's marginals of the same law, 1-2% on a four-coordinate one. The map
+    axis of a five-coordinate grid (0.93 sds apart) 8,000 draws' sds came out 1-4% wider than
+    the exact posterior's, 1-2% on a four-coordinate one. The map
     ``T = L_S L_(S + c I)^-1`` takes the covariance ``S + c I`` of the jittered nodes to ``S``."""
     mean = w @ Z
     D = Z - mean
