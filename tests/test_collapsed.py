@@ -26,6 +26,31 @@ def _moments(logp, grid):
     return mean, float(np.sqrt(np.sum(w * (grid - mean) ** 2)))
 
 
+def _check_marginals(idata, logp, axes, mean_tol: float, sd_tol: float,
+                     draws_tol: tuple[float, float] | None = None) -> dict[str, tuple[float, float]]:
+    """Assert EP's marginal of each latent in ``axes`` (its grid of the exact log posterior
+    ``logp``, broadcastable) within ``mean_tol`` sds and ``sd_tol`` relative sd of the exact
+    one, and where ``draws_tol`` is given, the draws' mean and sd within those; returns the
+    exact ``(mean, sd)`` by name."""
+    q = pmkjit.ep_posterior(idata)
+    exact = {}
+    for name, grid in axes.items():
+        mean, sd = exact[name] = _moments(logp, np.broadcast_to(grid, logp.shape))
+        assert abs(q[name].mean()[0] - mean) < mean_tol * sd, name
+        assert abs(np.sqrt(q[name].var()[0]) / sd - 1) < sd_tol, name
+        if draws_tol is not None:
+            draws = idata.posterior[name].values.ravel()
+            assert abs(draws.mean() - mean) < draws_tol[0] * sd and abs(draws.std() / sd - 1) < draws_tol[1], name
+    return exact
+
+
+def _correlation(logp, exact, x: str, gx, y: str, gy) -> float:
+    """The exact posterior correlation of ``x`` and ``y`` (grids ``gx``, ``gy``) under ``logp``."""
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    return float(np.sum(w * (gx - exact[x][0]) * (gy - exact[y][0])) / (exact[x][1] * exact[y][1]))
+
+
 def test_which_likelihoods_are_collapsed():
     rng = np.random.default_rng(0)
     x = rng.uniform(0.0, 2.0, 30)
@@ -99,18 +124,9 @@ def test_both_gamma_parameters_latent_match_the_exact_posterior():
     b = np.linspace(0.02, 8.0, 600)[None, :]
     logp = stats.expon.logpdf(a, scale=2) + stats.expon.logpdf(b, scale=2) + (
         y.size * (a * np.log(b) - special.gammaln(a)) + (a - 1) * np.log(y).sum() - b * y.sum())
-    q = pmkjit.ep_posterior(idata)
-    exact = {}
-    for name, grid in (("a", a + 0 * b), ("b", b + 0 * a)):
-        mean, sd = exact[name] = _moments(logp, grid)
-        assert abs(q[name].mean()[0] - mean) < 0.02 * sd, name
-        assert abs(np.sqrt(q[name].var()[0]) / sd - 1) < 0.05, name
-        # the draws come from the collapsed law itself: its marginals, 1,000 draws
-        draws = idata.posterior[name].values.ravel()
-        assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.1, name
-    w = np.exp(logp - logp.max())
-    w /= w.sum()
-    rho = np.sum(w * (a - exact["a"][0]) * (b - exact["b"][0])) / (exact["a"][1] * exact["b"][1])
+    # the draws come from the collapsed law itself: its marginals, 1,000 draws
+    exact = _check_marginals(idata, logp, {"a": a, "b": b}, 0.02, 0.05, draws_tol=(0.1, 0.1))
+    rho = _correlation(logp, exact, "a", a, "b", b)
     assert rho > 0.9
     drawn = np.corrcoef(idata.posterior["a"].values.ravel(), idata.posterior["b"].values.ravel())[0, 1]
     assert abs(drawn - rho) < 0.03
@@ -158,16 +174,9 @@ def test_a_latent_times_data_with_two_more_latents_matches_the_exact_posterior()
     r = np.log(y)[:, None, None, None] - np.log(gA) - gb * x[:, None, None, None]
     logp = (stats.halfnorm.logpdf(gA, scale=5) + stats.norm.logpdf(gb) + stats.halfnorm.logpdf(gs)
             + np.sum(stats.norm.logpdf(r, scale=gs), axis=0))
-    q = pmkjit.ep_posterior(idata)
-    exact = {}
-    for name, grid in (("A", gA), ("b", gb), ("s", gs)):
-        mean, sd = exact[name] = _moments(logp, np.broadcast_to(grid, logp.shape))
-        assert abs(q[name].mean()[0] - mean) < 0.05 * sd, name
-        assert abs(np.sqrt(q[name].var()[0]) / sd - 1) < 0.1, name
+    exact = _check_marginals(idata, logp, {"A": gA, "b": gb, "s": gs}, 0.05, 0.1)
     # the draws of A and b keep their correlation (drawn jointly from the collapsed law)
-    w = np.exp(logp - logp.max())
-    w /= w.sum()
-    rho = np.sum(w * (gA - exact["A"][0]) * (gb - exact["b"][0])) / (exact["A"][1] * exact["b"][1])
+    rho = _correlation(logp, exact, "A", gA, "b", gb)
     assert rho < -0.6
     drawn = np.corrcoef(idata.posterior["A"].values.ravel(), idata.posterior["b"].values.ravel())[0, 1]
     assert abs(drawn - rho) < 0.05
@@ -197,18 +206,9 @@ def _gamma_regression():
 def _check_gamma_regression(idata, logp, axes, tol: float) -> float:
     """Assert EP's marginals within ``tol`` (sds, relative sds) of the exact ones, its draws within
     0.1 sd and 8%, and the draws' correlation of a and s within 0.06 of the exact one; returns that."""
-    q = pmkjit.ep_posterior(idata)
-    exact = {}
-    for name, grid in axes.items():
-        mean, sd = exact[name] = _moments(logp, np.broadcast_to(grid, logp.shape))
-        assert abs(q[name].mean()[0] - mean) < tol * sd, name
-        assert abs(np.sqrt(q[name].var()[0]) / sd - 1) < tol, name
-        draws = idata.posterior[name].values.ravel()
-        assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.08, name
+    exact = _check_marginals(idata, logp, axes, tol, tol, draws_tol=(0.1, 0.08))
     # a and s drawn jointly from the law keep its correlation
-    w = np.exp(logp - logp.max())
-    w /= w.sum()
-    rho = np.sum(w * (axes["a"] - exact["a"][0]) * (axes["s"] - exact["s"][0])) / (exact["a"][1] * exact["s"][1])
+    rho = _correlation(logp, exact, "a", axes["a"], "s", axes["s"])
     drawn = np.corrcoef(idata.posterior["a"].values.ravel(), idata.posterior["s"].values.ravel())[0, 1]
     assert abs(drawn - rho) < 0.06
     return float(rho)
@@ -524,18 +524,9 @@ def test_a_curve_of_four_positive_and_shifted_scalars_is_one_site_matching_the_e
     logp = (stats.halfnorm.logpdf(axes["K"], scale=10) + stats.halfnorm.logpdf(axes["r"], scale=2)
             + stats.norm.logpdf(axes["t0"], 5, 3) + stats.halfnorm.logpdf(axes["s"])
             - t.size * np.log(axes["s"]) - ssr / (2 * axes["s"] ** 2))
-    q = pmkjit.ep_posterior(idata)
-    exact = {}
-    for name, grid in axes.items():
-        mean, sd = exact[name] = _moments(logp, np.broadcast_to(grid, logp.shape))
-        assert abs(q[name].mean()[0] - mean) < 0.03 * sd, name
-        assert abs(np.sqrt(q[name].var()[0]) / sd - 1) < 0.04, name
-        draws = idata.posterior[name].values.ravel()
-        assert abs(draws.mean() - mean) < 0.1 * sd and abs(draws.std() / sd - 1) < 0.1, name
+    exact = _check_marginals(idata, logp, axes, 0.03, 0.04, draws_tol=(0.1, 0.1))
     # the level and the rate are drawn jointly from the law, with its correlation
-    w = np.exp(logp - logp.max())
-    w /= w.sum()
-    rho = np.sum(w * (axes["K"] - exact["K"][0]) * (axes["r"] - exact["r"][0])) / (exact["K"][1] * exact["r"][1])
+    rho = _correlation(logp, exact, "K", axes["K"], "r", axes["r"])
     drawn = np.corrcoef(idata.posterior["K"].values.ravel(), idata.posterior["r"].values.ravel())[0, 1]
     assert rho < -0.5 and abs(drawn - rho) < 0.06
 

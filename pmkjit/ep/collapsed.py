@@ -188,13 +188,13 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
         else:
             return None
     dims = sum(1 if b is None else b[0].size for b in bases)
+    gridded = all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent)  # families the grids take
     if block is None:
-        if dims <= _MAX_LATENTS and (dims < 3 or all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent)):
+        if dims <= _MAX_LATENTS and (dims < 3 or gridded):
             return bases, None, None
         # four or five scalars none of which is Gaussian and affine in the mean (a growth
         # curve's positive level, rate and noise beside its midpoint): the rotated grid, where affordable
-        if (dims <= _MAX_ROTATED_ELEMENTS and not _integrable(f)
-                and all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent)
+        if (dims <= _MAX_ROTATED_ELEMENTS and not _integrable(f) and gridded
                 and _SITE_NODES[dims][1] ** dims * f.size <= _MAX_REGRESSION_EVALUATIONS):
             return bases, None, None
         # more scalars than the grid takes, where the Gaussian ones integrate out in closed
@@ -207,7 +207,7 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
     if latent[block] in (f.linear_normal.linear if f.linear_normal is not None else ()) and \
             (np.all(np.count_nonzero(C, axis=1) == 1) or _split(C) is not None) and _integrable(f):
         return bases, block, "gaussian inputs"
-    if not all(f.inputs[i].family in (Gaussian, Gamma, Beta) for i in latent):
+    if not gridded:
         return None
     # the regression's coefficients beside elements only (another linear slot's
     # coordinates would be correlated with them a priori), and its site must be
@@ -498,13 +498,12 @@ class CollapsedLikelihood(OneSite):
         are strongly correlated, so most of an axis-aligned grid's nodes fall where the law has
         no mass. The grid starts in the last one's frame (the coordinates do not move with the
         cavity, unlike a regression's), else at the law's mode, else at EP's marginals."""
-        start = _marginal_frames(marginals, ref)
-        edge = _ROTATED_EDGE_FIVE if len(cavities) == 5 else _ROTATED_EDGE
+        start, edge = _marginal_frames(marginals, ref), _edge_allowance(len(cavities))
         found = None
         if self._frame is not None:
             found = self._moments_on_rotated_grid(cavities, *start, frame=self._frame, edge=edge)
         if found is None:
-            mode = self._laplace_frame(cavities, marginals, ref)
+            mode = self._mode_frame(cavities, *start)
             if mode is not None:
                 found = self._moments_on_rotated_grid(cavities, *mode, edge=edge)
         if found is None:
@@ -922,7 +921,7 @@ class CollapsedLikelihood(OneSite):
             return None
         cavities, ref = found
         m = len(cavities)
-        start, edge = _marginal_frames(marginals, ref), _ROTATED_EDGE_FIVE if m == 5 else _ROTATED_EDGE
+        start, edge = _marginal_frames(marginals, ref), _edge_allowance(m)
         draws = None
         if self._frame is not None:  # four or five scalars: from the last sweep's grid
             draws = self._draws_on_rotated_grid(cavities, *start, n, rng, priors, frame=self._frame, edge=edge)
@@ -1538,6 +1537,11 @@ def rotated_grid(log_law, m: int, centre: np.ndarray, var: np.ndarray, nodes: in
                 return None
         centre, L, half = mean, L_next, 6.5
     return None
+
+
+def _edge_allowance(m: int) -> float:
+    """The mass a collapsed law of ``m`` element scalars may leave on its rotated grid's edge."""
+    return _ROTATED_EDGE_FIVE if m == 5 else _ROTATED_EDGE
 
 
 def _without_jitter_variance(Zs: np.ndarray, Z: np.ndarray, w: np.ndarray, spacing: float) -> np.ndarray:

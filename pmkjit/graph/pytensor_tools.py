@@ -332,6 +332,11 @@ def lift_indexing(var: Variable) -> Variable:
         # shape graph, and latent_ancestors would then find latents in the data
         return pt.broadcast_to(inp, flat).flatten()[idx]
 
+    def rebuilt(x: Variable, inputs: list[Variable]) -> Variable:
+        # the elementwise x's op on lifted inputs: the output standing for x
+        out = x.owner.op(*inputs)
+        return out[x.owner.outputs.index(x)] if isinstance(out, (list, tuple)) else out
+
     def lift(v: Variable) -> Variable:
         if v in memo:
             return memo[v]
@@ -343,21 +348,14 @@ def lift_indexing(var: Variable) -> Variable:
             # copy of the latent, no longer read as the latent
             node = None
         if node is not None:
-            found = picked(node)
-            if found is not None:
-                x, index = found
-                out = x.owner.op(*[lift(entry(inp, index)) for inp in x.owner.inputs])
-                if isinstance(out, (list, tuple)):
-                    out = out[x.owner.outputs.index(x)]
-                memo[v] = out
-                return out
-            found = indexed(node)
-            if found is not None:
+            entry_of = picked(node)
+            found = indexed(node) if entry_of is None else None
+            if entry_of is not None:
+                x, index = entry_of
+                out = rebuilt(x, [lift(entry(inp, index)) for inp in x.owner.inputs])
+            elif found is not None:
                 x, idx, flat = found
-                parts = [part(inp, idx, flat) for inp in x.owner.inputs]
-                out = x.owner.op(*[lift(p) for p in parts])
-                if isinstance(out, (list, tuple)):
-                    out = out[x.owner.outputs.index(x)]
+                out = rebuilt(x, [lift(part(inp, idx, flat)) for inp in x.owner.inputs])
             elif _outer_product(node):
                 # dot(x[:, None], y[None, :]) (pt.outer) is x[:, None] * y[None, :]: elementwise,
                 # which the model walk can read (the piecewise-exponential survival model of
