@@ -20,7 +20,7 @@ from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine, schedule
 from pmkjit.ep.methods import FactorOracle, KJITMethod, concatenate_answers, grid_possible, quadrature_possible
-from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, integrates_gaussian_inputs, on_rotated_elements
+from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, integrates_gaussian_inputs, order_constraints
 from pmkjit.ep.collapsed_linear import CollapsedLinearNormal
 from pmkjit.ep.hierarchy import CollapsedPrior, collapsible_prior
 from pmkjit.ep.grouped import GroupedLikelihood, groupable
@@ -35,7 +35,6 @@ from pmkjit.ep.store import OperatorStore
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.operators import KJITOperator
 from pmkjit.graph import build_factor_graph
-from pmkjit.graph.factor_graph import LinearSlot
 from pmkjit.graph.sharing import shares_a_latent
 from pmkjit.diagnostics.model import (
     warn_bounded_beside_linear, warn_latent_conditions, warn_latent_degrees_of_freedom, warn_latent_skewness,
@@ -543,24 +542,6 @@ def _count(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def _reads_two_of_an_ordered_vector(f, graph) -> bool:
-    """Whether two latent inputs of ``f`` read entries of one ordered vector (a mixture's
-    ordered means): the order is a factor of its own, so the likelihood's law alone is
-    symmetric in them, with two modes no grid around one of them holds. As one site of four
-    scalars, a two-component mixture's law was refused in every sweep, which cost 60 s of
-    grids before the factor stayed instance by instance as it would have anyway."""
-    for name in graph.ordered:
-        v = graph.variables.get(name)
-        if v is None or not v.in_gaussian_block:
-            continue
-        entries = slice(v.offset, v.offset + v.size)
-        reads = [np.any(np.asarray(f.inputs[i].A, dtype=float).reshape(f.inputs[i].size, -1)[:, entries])
-                 for i in f.latent_inputs if isinstance(f.inputs[i], LinearSlot)]
-        if sum(reads) >= 2:
-            return True
-    return False
-
-
 def _methods(graph, method, oracle, store, n_samples, tol, rng):
     methods, kjits, oracles = [], [], []
     # With a store, factors of one form (one key, one file) share one operator: each
@@ -666,11 +647,12 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             kjits.append(k)
             methods.append(k)
         elif (oracle == "auto" and method == "kjit" and collapsible(f) and kind in ("quadrature", "grid")
-              and not (on_rotated_elements(f) and _reads_two_of_an_ordered_vector(f, graph))):
+              and (order := order_constraints(f, graph)) is not None):
             # every instance reads the same few scalars: one site for the whole likelihood,
             # whose correlation of those scalars instance-by-instance sites drop
-            # (NegativeBinomial(n=n, p=p): sds 0.32 of NUTS's)
-            collapsed = CollapsedLikelihood(f, orc)
+            # (NegativeBinomial(n=n, p=p): sds 0.32 of NUTS's), with the order of a mixture's
+            # ordered means inside its law
+            collapsed = CollapsedLikelihood(f, orc, order)
             kjits.append(None)
             methods.append(collapsed)
             oracles[-1] = collapsed

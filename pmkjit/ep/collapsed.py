@@ -44,7 +44,7 @@ from pmkjit.operators.grid import GridOracle
 from pmkjit.operators.oracle import project_beliefs
 from pmkjit.operators.quadrature import QuadratureOracle
 
-__all__ = ["CollapsedLikelihood", "collapsible", "integrates_gaussian_inputs"]
+__all__ = ["CollapsedLikelihood", "collapsible", "integrates_gaussian_inputs", "order_constraints"]
 
 _MAX_LATENTS = 3  # adaptive quadrature up to two, the grid for three
 _MAX_REGRESSION_DIMS = 4  # a regression's predictor (two or three coordinates) and its elements, on the rotated grid
@@ -76,10 +76,12 @@ _MAX_REGRESSION_EVALUATIONS = 1e8  # instances x least nodes of a regression's c
 # 6.5**2, and it is invisible in thousands of draws (a Student-t regression's latent nu left
 # 1.7e-6 there, its Gamma(2, 0.1) prior's long tail)
 _ROTATED_EDGE = 1e-5
-# five coordinates: a dose-response curve's law left 1e-6 to 1e-5 on most of the cube's ten faces
-# once its one long tail was held, and widening them all cost more than the budget; 5e-5 on the
-# edge moves a variance by about 2e-3
-_ROTATED_EDGE_FIVE = 5e-5
+# four or five element coordinates: a dose-response curve's law left 1e-6 to 1e-5 on most of
+# the cube's ten faces once its one long tail was held, and widening them all cost more than
+# the budget; a two-component mixture's law (a weight through invlogit, ordered means, one
+# scale) has a component that explains no data, its mean free under its prior, 4e-6 on
+# each of three faces at 17 sds. 5e-5 on the edge moves a variance by about 2e-3.
+_ROTATED_EDGE_ELEMENTS = 5e-5
 _WIDEN = 1.6  # growth of a grid's range (at the same spacing) around a law with mass on its edge
 # nodes per axis of the rotated grid of a regression's site, by coordinates: (at most, at least)
 # (spacing 0.5 of the law's sds at 27, 0.72 at 19; the grid of every other node, which checks
@@ -224,6 +226,61 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
     if dims - bases[block][0].size <= _MAX_LAPLACE_ELEMENTS:
         return bases, block, "laplace"
     return None
+
+
+def order_constraints(f: BlackBoxFactor, graph) -> list[tuple[int, float, float, int, float, float]] | None:
+    """The order among the latent inputs of ``f`` that read entries of one ordered vector of
+    ``graph`` (``transform=ordered``, a mixture's means): ``(k, a, c, l, b, e)`` for inputs
+    ``k`` and ``l`` whose reference instances read ``x_k = a mu_i + c`` and ``x_l = b mu_j +
+    e`` with ``i < j``, so the law is zero where ``(x_k - c) / a >= (x_l - e) / b``; None
+    where two inputs read one such vector otherwise (a sum of its entries, or an entry
+    beside other coordinates), which the law's coordinates cannot express, or where the law
+    with its order is one the rotated grid does not hold (five coordinates): the factor then
+    stays instance by instance.
+
+    The order is a factor of its own (:mod:`pmkjit.ep.truncation`), so without it the
+    likelihood's law is symmetric in a mixture's means, with two modes: a rotated grid around
+    one of them was refused in every sweep, and instance by instance EP left a two-component
+    mixture's sds at 0.45-0.55 of NUTS's, unwarned (robustness round 40). Its indicator
+    within the law is exact: the product with the order factor is the same posterior."""
+    latent = f.latent_inputs
+    found = []
+    for name in graph.ordered:
+        v = graph.variables.get(name)
+        if v is None or not v.in_gaussian_block:
+            continue
+        entries = slice(v.offset, v.offset + v.size)
+        reads = []
+        for k, i in enumerate(latent):
+            s = f.inputs[i]
+            if not isinstance(s, LinearSlot):
+                continue
+            A = np.asarray(s.A, dtype=float).reshape(s.size, -1)
+            if not np.any(A[:, entries]):
+                continue
+            scales = _scales(s)
+            if scales is None:
+                reads.append(None)
+                continue
+            r = scales[0]
+            row = A[r]
+            (nonzero,) = np.nonzero(row)
+            inside = nonzero[(nonzero >= entries.start) & (nonzero < entries.stop)]
+            c = float(np.broadcast_to(np.asarray(s.c, dtype=float), (s.size,))[r])
+            reads.append((k, int(inside[0]) - entries.start, float(row[inside[0]]), c)
+                         if nonzero.size == 1 else None)
+        if len(reads) < 2:
+            continue
+        if any(read is None for read in reads):
+            return None
+        found += [(k, a, c, l, b, e) for (k, i, a, c) in reads for (l, j, b, e) in reads if i < j]
+    # Five coordinates with an order: a two-component mixture with a scale per component has
+    # a law its 13 nodes per axis do not resolve (the grid of every other node's variances
+    # 25-30% below the grid's, in every sweep), so each sweep's refused grids cost 62 s where
+    # the instances' own sites, as accurate there, take 11 s (robustness round 41)
+    if found and on_rotated_elements(f) and len(latent) == _MAX_ROTATED_ELEMENTS:
+        return None
+    return found
 
 
 def _integrable(f: BlackBoxFactor) -> bool:
@@ -372,6 +429,9 @@ class CollapsedLikelihood(OneSite):
     per_instance : callable
         The factor's ordinary method (its oracle), used for a sweep in which the collapsed
         cavity is improper or the integral is refused.
+    order : sequence of tuple, optional
+        :func:`order_constraints` of ``factor``: the law is zero where two inputs reading one
+        ordered vector's entries are out of order.
 
     Attributes
     ----------
@@ -386,11 +446,14 @@ class CollapsedLikelihood(OneSite):
 
     _integrates_gaussian_inputs = False
 
-    def __init__(self, factor: BlackBoxFactor, per_instance):
+    def __init__(self, factor: BlackBoxFactor, per_instance,
+                 order: Sequence[tuple[int, float, float, int, float, float]] = ()):
         layout = _layout(factor)
         if layout is None:
             raise ValueError(f"{factor.name}: not a likelihood of shared scalars ({factor.description})")
         super().__init__(factor, per_instance)
+        # the order among inputs reading one ordered vector (order_constraints), part of the law
+        self._order = list(order)
         self._quadrature_refused = False
         # a regression's last rotated grid frame (centre, L) and reach, its predictor rows in
         # eta_R (see _frame_now): the next sweep's grid, and the draws', start from it
@@ -1281,10 +1344,23 @@ class CollapsedLikelihood(OneSite):
         shape = np.shape(xs[0])
         G = int(np.prod(shape, dtype=int))
         flat = [np.asarray(x, dtype=float).reshape(G) for x in xs]
-        total = np.zeros(G)
-        for n in self._chunks(G):
-            y = np.ascontiguousarray(np.broadcast_to(self._y[n], (G, n.stop - n.start)))
-            total += np.asarray(f.logp(y, tuple(self._inputs(flat, n))), dtype=float) @ self._count[n]
+        total = np.full(G, -np.inf)
+        # nodes out of an order in the law have none: a quarter to a third of a mixture's grid
+        # nodes, not evaluated
+        keep = np.ones(G, bool)
+        with np.errstate(invalid="ignore"):
+            for k, a, c, l, b, e in self._order:
+                keep &= (flat[k] - c) / a < (flat[l] - e) / b
+        if not keep.all():
+            flat = [x[keep] for x in flat]
+        H = flat[0].size
+        if H == 0:
+            return total.reshape(shape)
+        found = np.zeros(H)
+        for n in self._chunks(H):
+            y = np.ascontiguousarray(np.broadcast_to(self._y[n], (H, n.stop - n.start)))
+            found += np.asarray(f.logp(y, tuple(self._inputs(flat, n))), dtype=float) @ self._count[n]
+        total[keep] = found
         return total.reshape(shape)
 
     def _chunks(self, G: int) -> list[slice]:
@@ -1433,11 +1509,19 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
             B = A_R[:, J]
             if not np.linalg.cond(B) < 1e12:
                 break
-            if not _alone(state, J, among=False):
-                break  # coupled to other coordinates: replacing them would break the joint Gaussian
             c = np.broadcast_to(np.asarray(s.c, dtype=float), (s.size,))[R]
             places.append((BLOCK, J, B, c))
         else:
+            # the law's Gaussian coordinates are replaced together: correlated with the rest,
+            # replacing them would break the joint Gaussian; among themselves only within one
+            # input's coordinates (a regression's a and b) or between two inputs whose order is
+            # part of the law (a mixture's ordered means, correlated through their order factor)
+            J = [j for name, idx, _, _ in places if name == BLOCK for j in idx]
+            ordered = {frozenset((k, l)) for k, _, _, l, _, _ in getattr(method, "_order", ())}
+            if J and not (_alone(state, np.array(J), among=False) and all(
+                    frozenset((p, q)) in ordered or _uncorrelated(state, places[p][1], places[q][1])
+                    for p in range(len(places)) for q in range(p) if places[p][0] == places[q][0] == BLOCK)):
+                continue
             keys = [(name, int(j)) for name, idx, _, _ in places for j in idx]
             if len(set(keys)) < len(keys) or set(keys) & taken:
                 continue
@@ -1472,6 +1556,15 @@ def _alone(state, J: np.ndarray, *, among: bool = True) -> bool:
     else:
         cols[J] = 0.0
     return bool(np.all(cols.max(axis=0) <= 1e-9 * np.sqrt(own * own.max())))
+
+
+def _uncorrelated(state, J: np.ndarray, K: np.ndarray) -> bool:
+    """Whether EP's joint Gaussian leaves the block's coordinates ``J`` uncorrelated with ``K``
+    (as :func:`_alone`, relative to their variances)."""
+    cols = linalg.cho_solve((state.chol, True), np.eye(state.chol.shape[0])[:, np.concatenate([J, K])])
+    var = np.diag(cols[np.concatenate([J, K])])
+    cross = np.abs(cols[K][:, :len(J)])
+    return bool(np.all(cross <= 1e-9 * np.sqrt(var[:len(J)] * var.max())))
 
 
 def rotated_grid(log_law, m: int, centre: np.ndarray, var: np.ndarray, nodes: int, cost: float,
@@ -1541,7 +1634,7 @@ def rotated_grid(log_law, m: int, centre: np.ndarray, var: np.ndarray, nodes: in
 
 def _edge_allowance(m: int) -> float:
     """The mass a collapsed law of ``m`` element scalars may leave on its rotated grid's edge."""
-    return _ROTATED_EDGE_FIVE if m == 5 else _ROTATED_EDGE
+    return _ROTATED_EDGE_ELEMENTS if m >= 4 else _ROTATED_EDGE
 
 
 def _without_jitter_variance(Zs: np.ndarray, Z: np.ndarray, w: np.ndarray, spacing: float) -> np.ndarray:
