@@ -455,6 +455,8 @@ class CollapsedLikelihood(OneSite):
         # the order among inputs reading one ordered vector (order_constraints), part of the law
         self._order = list(order)
         self._quadrature_refused = False
+        # whether the last rotated grid held the law but its every other node disagreed
+        self._unresolved = False
         # a regression's last rotated grid frame (centre, L) and reach, its predictor rows in
         # eta_R (see _frame_now): the next sweep's grid, and the draws', start from it
         self._frame: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -562,14 +564,17 @@ class CollapsedLikelihood(OneSite):
         no mass. The grid starts in the last one's frame (the coordinates do not move with the
         cavity, unlike a regression's), else at the law's mode, else at EP's marginals."""
         start, edge = _marginal_frames(marginals, ref), _edge_allowance(len(cavities))
-        found = None
+        found, self._unresolved = None, False
         if self._frame is not None:
             found = self._moments_on_rotated_grid(cavities, *start, frame=self._frame, edge=edge)
-        if found is None:
+        # a grid that held the law but whose every other node disagreed would disagree from
+        # any start (the law is one): a mixture's whose mass lies against its order's cut was
+        # tried from two more starts in each of two sweeps, 29 grids for nothing
+        if found is None and not self._unresolved:
             mode = self._mode_frame(cavities, *start)
             if mode is not None:
                 found = self._moments_on_rotated_grid(cavities, *mode, edge=edge)
-        if found is None:
+        if found is None and not self._unresolved:
             found = self._moments_on_rotated_grid(cavities, *start, edge=edge)
         if found is None:
             return None
@@ -1063,6 +1068,7 @@ class CollapsedLikelihood(OneSite):
         U = centre + Z @ L.T
         found = _checked_moments(U, w, Z, spacing)
         if found is None:
+            self._unresolved = True
             return None
         mean, cov = found
         stats = np.full((m, 1, 3), np.nan)
