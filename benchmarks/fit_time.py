@@ -11,7 +11,8 @@ EP marginals are (``pmkjit.ep_posterior``: the largest difference of means in th
 library's sds, and the range of their sd ratios), which must be small when a change is meant
 to leave the answers alone.
 
-Run: ``python benchmarks/fit_time.py --models negbin_intercepts_covariate --against HEAD~1``
+Run: ``python benchmarks/fit_time.py --models negbin_intercepts_covariate --against HEAD~1``;
+``--suite ordered_mixtures_vs_nuts`` takes the models of that script instead of the gallery's.
 Output: ``benchmarks/results/fit_time.json``.
 """
 
@@ -41,8 +42,9 @@ import pytensor.tensor as pt
 import pmkjit
 from pmkjit.graph.pytensor_tools import evaluate_constant
 evaluate_constant(pt.constant(1.0) * 2)  # loads PyTensor's compilation cache
-from gallery_vs_nuts import MODELS
-model = MODELS[{model!r}]({seed})
+from {suite} import MODELS
+# the gallery's models take the seed, the other benchmarks' a generator seeded by it
+model = MODELS[{model!r}]({seed} if {suite!r} == "gallery_vs_nuts" else __import__("numpy").random.default_rng({seed}))
 t0 = time.perf_counter()
 idata = pmkjit.fit(model=model, random_seed={seed}, progressbar=False, compute_log_likelihood=False)
 seconds = time.perf_counter() - t0
@@ -52,8 +54,9 @@ print(json.dumps({{"seconds": seconds, "sweeps": int(idata.ep.attrs["sweeps"]), 
 """
 
 
-def _fit_once(library: Path, model: str, seed: int) -> dict:
-    code = _CHILD.format(library=str(library), benchmarks=str(ROOT / "benchmarks"), model=model, seed=seed)
+def _fit_once(library: Path, model: str, seed: int, suite: str = "gallery_vs_nuts") -> dict:
+    code = _CHILD.format(library=str(library), benchmarks=str(ROOT / "benchmarks"), model=model, seed=seed,
+                         suite=suite)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     found = json.loads(out.stdout.strip().splitlines()[-1])
@@ -83,6 +86,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--against", required=True, help="the commit to compare with (e.g. HEAD~1)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=5, help="the gallery's seed")
+    parser.add_argument("--suite", default="gallery_vs_nuts",
+                        help="the benchmark script (under benchmarks/) whose MODELS the models are")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fit_time.json")
     args = parser.parse_args(argv)
     rows = []
@@ -96,8 +101,8 @@ def main(argv=None) -> dict:
             for model in args.models:
                 runs = {"this": [], "against": []}
                 for _ in range(args.repeats):
-                    runs["this"].append(_fit_once(ROOT, model, args.seed))
-                    runs["against"].append(_fit_once(other, model, args.seed))
+                    runs["this"].append(_fit_once(ROOT, model, args.seed, args.suite))
+                    runs["against"].append(_fit_once(other, model, args.seed, args.suite))
                 moved, ratios = _apart(runs["this"][0]["marginals"], runs["against"][0]["marginals"])
                 this = float(np.median([r["seconds"] for r in runs["this"]]))
                 then = float(np.median([r["seconds"] for r in runs["against"]]))
@@ -112,7 +117,8 @@ def main(argv=None) -> dict:
                       f"{moved:.2g} sd, sd ratios {ratios[0]:.4f}-{ratios[1]:.4f}", flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT, capture_output=True)
-    result = {"library": git_state(), "against": against, "repeats": args.repeats, "seed": args.seed, "models": rows}
+    result = {"library": git_state(), "against": against, "repeats": args.repeats, "seed": args.seed,
+              "suite": args.suite, "models": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     return result

@@ -346,11 +346,13 @@ def compare_model(model, name: str, pair: list[str], seed: int, variant: str, ta
 
 
 def run_variants(models: dict, build, switch: str, script: str, out: Path, target_accept: float = 0.8,
-                 width: int = 26, description: str = "", nuts: tuple[int, int] = (2, 1000)) -> None:
+                 width: int = 26, description: str = "", nuts: tuple[int, int] = (2, 1000),
+                 ablated=lambda *args: False) -> None:
     """The side-by-side run of a benchmark script: ``build(name, rng) -> (model, pair)`` for each
     of ``models``, fitted with the library as it is (``collapsed``) and with ``pmkjit.fit``'s
     function ``switch`` (which says whether a factor gets one site) answering False (the
-    ablation), each against NUTS; rows printed and written to ``out`` as JSON with the command
+    ablation; ``ablated`` is what it answers instead where False does not say "no"), each against
+    NUTS; rows printed and written to ``out`` as JSON with the command
     (``script`` and its arguments) and the code's commit."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--models", nargs="+", choices=list(models), default=list(models))
@@ -367,7 +369,7 @@ def run_variants(models: dict, build, switch: str, script: str, out: Path, targe
     for name in args.models:
         for variant in args.variants:
             # the ablation: no factor of this kind gets one site, as before it did
-            setattr(fit_module, switch, one_site if variant == "collapsed" else (lambda factor: False))
+            setattr(fit_module, switch, one_site if variant == "collapsed" else ablated)
             model, pair = build(name, np.random.default_rng(args.seed))
             r = compare_model(model, name, pair, args.seed, variant, target_accept, nuts)
             rows.append(r)
