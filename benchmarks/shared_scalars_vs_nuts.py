@@ -350,9 +350,9 @@ def run_variants(models: dict, build, switch: str, script: str, out: Path, targe
                  ablated=lambda *args: False) -> None:
     """The side-by-side run of a benchmark script: ``build(name, rng) -> (model, pair)`` for each
     of ``models``, fitted with the library as it is (``collapsed``) and with ``pmkjit.fit``'s
-    function ``switch`` (which says whether a factor gets one site) answering False (the
-    ablation; ``ablated`` is what it answers instead where False does not say "no"), each against
-    NUTS; rows printed and written to ``out`` as JSON with the command
+    function ``switch`` (which says whether a factor gets one site) answering ``ablated`` (the
+    ablation: False by default; ``lambda *args: None`` for a switch whose "no" is None, as
+    ``order_constraints``), each against NUTS; rows printed and written to ``out`` as JSON with the command
     (``script`` and its arguments) and the code's commit."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--models", nargs="+", choices=list(models), default=list(models))
