@@ -794,6 +794,50 @@ def test_logistic_regression_on_an_uncentred_covariate_reaches_the_exact_posteri
     assert_ep_matches_grid(idata, logp, {"b0": g0, "b1": g1}, mean_tol=0.15)
 
 
+# the O-ring data of the Challenger flights (temperature in F, damage incident), as in
+# "Probabilistic Programming and Bayesian Methods for Hackers", chapter 2
+_CHALLENGER_TEMP = np.array([66, 70, 69, 68, 67, 72, 73, 70, 57, 63, 70, 78, 67, 53, 67, 75, 70, 81, 76, 79, 75, 76, 58.])
+_CHALLENGER_DAMAGE = np.array([0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_exp_of_a_predictor_on_uncentred_data_is_not_affine(seed):
+    # The probe's tolerance was scaled by the largest |A| over all entries: 1 + exp(b t + a)
+    # at t = 53-81 has "coefficients" e^t ~ 1e35, so any probe difference passed and the exp
+    # was taken for an affine map of (b, a)
+    from pmkjit.graph.pytensor_tools import affine_coefficients
+
+    with pm.Model():
+        b = pm.Normal("b")
+        a = pm.Normal("a")
+    block = [(b, slice(0, 1), ()), (a, slice(1, 2), ())]
+    t = _CHALLENGER_TEMP
+    assert affine_coefficients(1.0 + pm.math.exp(b * t + a), block, 2, t.shape, np.random.default_rng(seed)) is None
+    A, c = affine_coefficients(2.0 + b * t + a, block, 2, t.shape, np.random.default_rng(seed))
+    np.testing.assert_allclose(A, np.column_stack([t, np.ones_like(t)]))
+    np.testing.assert_allclose(c, 2.0)
+
+
+def test_the_challenger_model_as_written_in_hackers_matches_the_exact_posterior():
+    # p = 1 / (1 + exp(beta * t + alpha)) with vague priors (tau = 0.001) on uncentred
+    # temperatures: 1 + exp(...) passed the affine probe, the factor read it as a Gaussian
+    # of mean 2 and variance 1e73, and EP ended with alpha at its prior and beta at 3e-7
+    # (sd 3e-6 of NUTS's), not converged in 50 sweeps
+    t, d = _CHALLENGER_TEMP, _CHALLENGER_DAMAGE
+    with pm.Model() as model:
+        beta = pm.Normal("beta", mu=0, tau=0.001)
+        alpha = pm.Normal("alpha", mu=0, tau=0.001)
+        p = pm.Deterministic("p", 1.0 / (1.0 + pm.math.exp(beta * t + alpha)))
+        pm.Bernoulli("obs", p, observed=d)
+    idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)
+    assert idata.ep.attrs["converged"]
+    gb, ga = np.linspace(-0.4, 1.2, 401)[:, None], np.linspace(-80.0, 25.0, 401)[None, :]
+    eta = -(gb + 0.0 * ga) * t[:, None, None] - ga
+    logp = stats.norm.logpdf(gb, 0, 1000**0.5) + stats.norm.logpdf(ga, 0, 1000**0.5) + np.sum(
+        d[:, None, None] * eta - np.logaddexp(0.0, eta), axis=0)
+    assert_ep_matches_grid(idata, logp, {"beta": gb, "alpha": ga}, mean_tol=0.1)
+
+
 def test_an_ordered_probit_with_another_sigma_is_refused_naming_the_ordinal_outcomes():
     # the error said "y: CategoricalRV is not an elementwise distribution", a name the user
     # of pm.OrderedProbit never wrote; sigma=1 is read (tests/test_categorical.py)
