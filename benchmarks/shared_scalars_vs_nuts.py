@@ -303,11 +303,12 @@ MODELS = {f.__name__: f for f in (negbin, betabinom, gamma, weibull, inverse_gam
 
 
 def compare_model(model, name: str, pair: list[str], seed: int, variant: str, target_accept: float = 0.8,
-                  nuts: tuple[int, int] = (2, 1000)) -> dict:
+                  nuts: tuple[int, int] = (2, 1000), deterministics: bool = False) -> dict:
     """EP (``pmkjit.fit``) against NUTS (``nuts``: chains and draws, after 1,000 tuning
     steps) on ``model``: the row of one model and variant, the correlation taken between the
-    first entries of the two variables named in ``pair``."""
-    names = [v.name for v in model.free_RVs]
+    first entries of the two variables named in ``pair``; the model's ``pm.Deterministic``
+    variables compared too where ``deterministics``."""
+    names = [v.name for v in model.free_RVs] + ([v.name for v in model.deterministics] if deterministics else [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -347,12 +348,13 @@ def compare_model(model, name: str, pair: list[str], seed: int, variant: str, ta
 
 def run_variants(models: dict, build, switch: str, script: str, out: Path, target_accept: float = 0.8,
                  width: int = 26, description: str = "", nuts: tuple[int, int] = (2, 1000),
-                 ablated=lambda *args: False) -> None:
+                 ablated=lambda *args: False, deterministics: bool = False) -> None:
     """The side-by-side run of a benchmark script: ``build(name, rng) -> (model, pair)`` for each
     of ``models``, fitted with the library as it is (``collapsed``) and with ``pmkjit.fit``'s
     function ``switch`` (which says whether a factor gets one site) answering ``ablated`` (the
     ablation: False by default; ``lambda *args: None`` for a switch whose "no" is None, as
-    ``order_constraints``), each against NUTS; rows printed and written to ``out`` as JSON with the command
+    ``order_constraints``), each against NUTS (with the models' Deterministics where
+    ``deterministics``); rows printed and written to ``out`` as JSON with the command
     (``script`` and its arguments) and the code's commit."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--models", nargs="+", choices=list(models), default=list(models))
@@ -371,7 +373,7 @@ def run_variants(models: dict, build, switch: str, script: str, out: Path, targe
             # the ablation: no factor of this kind gets one site, as before it did
             setattr(fit_module, switch, one_site if variant == "collapsed" else ablated)
             model, pair = build(name, np.random.default_rng(args.seed))
-            r = compare_model(model, name, pair, args.seed, variant, target_accept, nuts)
+            r = compare_model(model, name, pair, args.seed, variant, target_accept, nuts, deterministics)
             rows.append(r)
             print(f"{name:{width}s} {variant:21s} {r['max_z_err']:8.3f} {r['sd_ratio_min']:5.2f}-{r['sd_ratio_max']:4.2f} "
                   f"{r['corr_ep']:6.2f}/{r['corr_nuts']:5.2f} {r['sweeps']:5d}{'' if r['converged'] else '*'} "

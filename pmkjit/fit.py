@@ -35,6 +35,7 @@ from pmkjit.ep.store import OperatorStore
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.operators import KJITOperator
 from pmkjit.graph import build_factor_graph
+from pmkjit.graph.factor_graph import FEW_INSTANCES
 from pmkjit.graph.sharing import shares_a_latent
 from pmkjit.diagnostics.model import (
     warn_bounded_beside_linear, warn_latent_conditions, warn_latent_degrees_of_freedom, warn_latent_skewness,
@@ -704,7 +705,7 @@ def _write_back(store: OperatorStore, graph, kjits: list) -> None:
             store.save_pending(f, *concatenate_answers(answers))
 
 
-_SMALL_FACTOR = 50  # KJITMethod's min_fit: below it, a first fit pools sweeps
+_SMALL_FACTOR = FEW_INSTANCES  # KJITMethod's min_fit: below it, a first fit pools sweeps
 
 
 class _progress:

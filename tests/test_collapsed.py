@@ -80,8 +80,14 @@ def test_which_likelihoods_are_collapsed():
         X13 = rng.normal(size=(30, 13))
         pm.Gamma("y", mu=pm.math.exp(X13 @ pm.Normal("b", 0, 1, shape=13)), sigma=pm.HalfNormal("s", 1),
                  observed=y)
+    x60 = np.concatenate([x, x])
     with pm.Model() as no_scale:  # a + b * x_n alone: instance-by-instance EP of a GLM stays
+        pm.Poisson("y", mu=pm.math.exp(pm.Normal("a", 0, 1) + pm.Normal("b", 0, 1) * x60),
+                   observed=np.round(np.concatenate([y, y])))
+    with pm.Model() as few:  # ... unless it has fewer instances than an operator's first fit
         pm.Poisson("y", mu=pm.math.exp(pm.Normal("a", 0, 1) + pm.Normal("b", 0, 1) * x), observed=np.round(y))
+    with pm.Model() as few_wide:  # ... and a predictor of at most four coordinates
+        pm.Poisson("y", mu=pm.math.exp(X13[:, :5] @ pm.Normal("b", 0, 1, shape=5)), observed=np.round(y))
     with pm.Model() as grouped:  # a shape per group: instances read different elements
         k = pm.Exponential("k", 0.5, shape=3)
         pm.Gamma("y", alpha=k[np.arange(30) % 3], beta=pm.Exponential("b", 0.5), observed=y)
@@ -107,6 +113,8 @@ def test_which_likelihoods_are_collapsed():
     assert CollapsedLikelihood(_factor(two_predictors, "y"), None).kind == "collapsed grid"
     assert not collapsible(_factor(many_predictors, "y"))
     assert not collapsible(_factor(no_scale, "y"))
+    assert collapsible(_factor(few, "y")) and CollapsedLikelihood(_factor(few, "y"), None).kind == "collapsed quadrature"
+    assert not collapsible(_factor(few_wide, "y"))
     assert not collapsible(_factor(grouped, "y"))
     with pytest.raises(ValueError, match="^y: not a likelihood of shared scalars"):
         CollapsedLikelihood(_factor(grouped, "y"), None)

@@ -372,7 +372,8 @@ def test_invprobit_in_a_model_is_recognised_as_the_probit_link():
     from pmkjit.graph import build_factor_graph
     from pmkjit.links import half_erfc
 
-    X = np.random.default_rng(0).standard_normal((30, 3))
+    # (60 observations: fewer, and the likelihood would stay whole, to be one site)
+    X = np.random.default_rng(0).standard_normal((60, 3))
     with pm.Model() as model:
         w = pm.Normal("w", 0.0, 1.0, shape=3)
         pm.Bernoulli("y", p=pm.math.invprobit(pm.math.dot(X, w)), observed=(X[:, 0] > 0).astype(int))

@@ -46,6 +46,8 @@ from pmkjit.graph.factor_graph import (
     DataSlot,
     ElementSite,
     ElementSlot,
+    FEW_INSTANCES,
+    MAX_PREDICTOR_RANK,
     FactorGraph,
     GaussianTerm,
     LatentVariable,
@@ -1721,6 +1723,13 @@ class _Builder:
             # Gauss-Hermite grid: a Poisson rate E exp(b0 + sigma * phi) over an ICAR field
             # did not converge in 50 sweeps split (importance sampling, robustness round 30).
             # (More stay split: importance sampling in front of a KJIT operator.)
+            return False
+        if n_latent == 1 and int(np.prod(plate, dtype=int)) < FEW_INSTANCES and any(
+                isinstance(slot, LinearSlot) and 2 <= np.linalg.matrix_rank(slot.A) <= MAX_PREDICTOR_RANK
+                for _, slot in leaves.values()):
+            # a small regression's predictor alone (the bioassay, Challenger's O-rings): the
+            # likelihood stays whole so that it may be one site with its exact law on a grid
+            # (pmkjit.ep.collapsed), whose draws keep the skew a Gaussian's lose
             return False
         inputs, slots, (g,) = self._rebuild([param], leaves)
         function = compile_function(inputs, g)
