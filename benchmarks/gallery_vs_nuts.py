@@ -778,6 +778,19 @@ def rat_tumours(seed):
     return m
 
 
+
+def heteroscedastic(seed):
+    # a regression whose noise scale is log-linear in the covariate (robustness round 42): two
+    # predictors of the Normal, each of two coefficients, read by every observation
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2.0, 2.0, 100)
+    y = 1.0 + 0.5 * x + rng.normal(0.0, np.exp(-0.5 + 0.4 * x))
+    with pm.Model() as m:
+        a, b = pm.Normal("a", 0, 5), pm.Normal("b", 0, 5)
+        g0, g1 = pm.Normal("g0", 0, 2), pm.Normal("g1", 0, 2)
+        pm.Normal("y", a + b * x, pm.math.exp(g0 + g1 * x), observed=y)
+    return m
+
 MODELS: dict[str, Callable[[int], pm.Model]] = {
     "normal_fixed_sigma": normal_fixed_sigma, "normal_latent_sigma": normal_latent_sigma, "studentt": studentt,
     "lognormal": lognormal, "gamma_glm": gamma_glm, "poisson": poisson, "hierarchical": hierarchical,
@@ -806,6 +819,7 @@ MODELS: dict[str, Callable[[int], pm.Model]] = {
     "gamma_glm_groups_covariate": gamma_glm_groups_covariate,
     "weibull_groups_covariate": weibull_groups_covariate, "crossed_effects_logistic": crossed_effects_logistic,
     "beta_regression": beta_regression, "two_way_anova": two_way_anova, "rat_tumours": rat_tumours,
+    "heteroscedastic": heteroscedastic,
 }
 
 
