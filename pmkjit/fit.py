@@ -271,14 +271,8 @@ def fit(
 
         t_ep = time.perf_counter()
         with _progress(progressbar, max_sweeps if graph.factors else 0) as advance:
-            # Operators whose oracle can finish without them (deterministic and cheap) are
-            # not given sweeps on a plateau: a heteroscedastic regression's KJIT run hovered
-            # at 2-15 times tol from sweep 17 to 50 (16 oracle calls a sweep) before its
-            # oracle's run from the priors converged in 13 (robustness round 42)
-            plateau = _KJIT_PATIENCE if method == "kjit" and _oracle_finish(methods) else None
             run = schedule.run(graph, prior, state, methods, damping=step, adaptive=adaptive, tol=tol,
-                               max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings,
-                               patience=plateau)
+                               max_sweeps=max_sweeps, callback=callback, advance=advance, timings=timings)
             restarted = adaptive and run.rejected > 0
             if restarted:
                 # Updates still rejected in the last sweep, even at the smallest step: the
@@ -711,7 +705,6 @@ def _write_back(store: OperatorStore, graph, kjits: list) -> None:
             store.save_pending(f, *concatenate_answers(answers))
 
 
-_KJIT_PATIENCE = 10  # kept sweeps without coming closer before a KJIT run hands over to its oracle
 _SMALL_FACTOR = FEW_INSTANCES  # KJITMethod's min_fit: below it, a first fit pools sweeps
 
 

@@ -117,7 +117,7 @@ class EPRun:
 def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float, adaptive: bool, tol: float,
         max_sweeps: int, callback: Callable[[EPInfo], None] | None = None,
         advance: Callable[[float], None] | None = None, timings: dict[str, float] | None = None,
-        first_sweep: int = 1, patience: int | None = None) -> EPRun:
+        first_sweep: int = 1) -> EPRun:
     """Sweep until convergence or ``max_sweeps``.
 
     Parameters
@@ -141,15 +141,11 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         Seconds per part of a sweep, added to.
     first_sweep : int
         Number given to the first sweep's ``EPInfo.sweep`` (a restart continues the count).
-    patience : int, optional
-        Stop, not converged, once this many kept sweeps in a row came no closer (change /
-        step) than the closest before them: a plateau above ``tol`` (``EPRun.events
-        ["plateau_stops"]``), for a caller that has a better way to finish.
     """
     step = float(damping)
     out = EPRun(state=state, step=step, limit_step=step,
                 events={**{k: 0 for k in EVENTS}, "reverted_sweeps": 0, "oscillation_halvings": 0,
-                            "extrapolations": 0, "extrapolations_undone": 0, "plateau_stops": 0},
+                            "extrapolations": 0, "extrapolations_undone": 0},
                 converged=not graph.factors)
     accepted: list[float] = []  # distances still to go (change / step) of the sweeps kept
     last_change: np.ndarray | None = None  # signed change of the last kept sweep
@@ -158,7 +154,6 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
     clean: list[tuple] = []  # (state, change, step) of consecutive clean kept sweeps at one step
     extrapolated: tuple[EPState, float] | None = None  # (state before, its distance) after an extrapolation
     may_extrapolate = adaptive
-    closest, since_closest = np.inf, 0  # the closest kept sweep so far, and kept sweeps since
     for n in range(max_sweeps if graph.factors else 0):
         previous = out.state
         out.state, info = engine.sweep(graph, prior, out.state, methods, damping=step)
@@ -270,10 +265,6 @@ def run(graph, prior, state: EPState, methods: list[Callable], *, damping: float
         out.unanswered, out.rejected, out.silent = info.unanswered, info.rejected_updates, info.silent
         if done:
             out.converged = True
-            break
-        closest, since_closest = (distance, 0) if distance < closest else (closest, since_closest + 1)
-        if patience is not None and since_closest >= patience:
-            out.events["plateau_stops"] += 1
             break
         # Only sweeps of one fixed map make a recurrence: the same step, no guard event,
         # and no oracle call (a KJIT operator that learned from one answers differently).
