@@ -168,7 +168,7 @@ def _layout(f: BlackBoxFactor) -> tuple[list, int | None, str | None] | None:
     # logistic regression) keeps its operator; one coordinate (b * x_n + d_n) is a scalar too.
     # A small one is one site: its instances are answered directly anyway, and few
     # observations leave a law far from Gaussian, whose exact draws a Gaussian's miss (the
-    # bioassay's four doses: the dose-response curve's sd at the lowest dose 2.4 times NUTS's)
+    # bioassay's four doses: the dose-response curve's sds near 0 and 1, 2.2-2.7 times NUTS's)
     if not latent:
         return None
     alone = len(latent) == 1 and isinstance(f.inputs[latent[0]], LinearSlot) and _scales(f.inputs[latent[0]]) is None
