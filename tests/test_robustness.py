@@ -832,7 +832,7 @@ def test_the_challenger_model_as_written_in_hackers_matches_the_exact_posterior(
     idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10)
     assert idata.ep.attrs["converged"]
     gb, ga = np.linspace(-0.4, 1.2, 401)[:, None], np.linspace(-80.0, 25.0, 401)[None, :]
-    eta = -(gb + 0.0 * ga) * t[:, None, None] - ga
+    eta = -gb * t[:, None, None] - ga
     logp = stats.norm.logpdf(gb, 0, 1000**0.5) + stats.norm.logpdf(ga, 0, 1000**0.5) + np.sum(
         d[:, None, None] * eta - np.logaddexp(0.0, eta), axis=0)
     assert_ep_matches_grid(idata, logp, {"beta": gb, "alpha": ga}, mean_tol=0.1)
@@ -840,10 +840,10 @@ def test_the_challenger_model_as_written_in_hackers_matches_the_exact_posterior(
 
 def test_the_bioassay_dose_response_draws_match_the_exact_posterior():
     # Four doses of five animals (Gelman et al., BDA section 3.7): the posterior of (alpha,
-    # beta) is skewed, and the Gaussian EP fits gets its moments right but not its tails, so
-    # the dose-response curve drawn from it was too wide where it is near 0 or 1 (sd 2.4
-    # times NUTS's at the lowest dose). A small regression's likelihood is now one site whose
-    # draws come from its exact law on a grid.
+    # beta) is skewed, and the Gaussian that EP fits holds its moments but not its tails, so
+    # the dose-response curve drawn from it was too wide where it is near 0 or 1 (sds 2.2-2.7
+    # times NUTS's). A small regression's likelihood is now one site whose draws come from
+    # its exact law on a grid.
     dose, n, deaths = np.array([-0.86, -0.3, -0.05, 0.73]), 5, np.array([0, 1, 3, 5])
     with pm.Model() as model:
         alpha = pm.Normal("alpha", 0, 10)
