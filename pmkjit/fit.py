@@ -43,8 +43,8 @@ from pmkjit.diagnostics.model import (
 )
 from pmkjit.diagnostics.posterior import (
     warn_correlated_hyperparameters, warn_correlated_pairs, warn_impossible_observations,
-    warn_one_site_dropped_correlation, warn_one_site_refused, warn_overlapping_components,
-    warn_unconditional_centred_draws,
+    warn_nested_groups_correlated, warn_one_site_dropped_correlation, warn_one_site_refused,
+    warn_overlapping_components, warn_unconditional_centred_draws,
 )
 from pmkjit.inference_data import NoOracle, as_original, assemble_inference_data, ep_group, ep_posterior
 from pmkjit.graph.centre import centre_non_centred
@@ -373,6 +373,7 @@ def fit(
         with _named_as_written(bounded, sys._getframe(1).f_globals, sticks):
             warn_one_site_refused(graph, methods)
             dropped = warn_one_site_dropped_correlation(graph, methods)
+            warn_nested_groups_correlated(graph, methods)
             warn_correlated_pairs(graph, state, collapsed=frozenset(whole), jointly=frozenset(jointly), warned=dropped)
             # a grouped Student-t's nu is drawn from its groups' laws only where they could be drawn
             # (else from EP's Gamma, short of the law's right tail: 0.74 of NUTS's sd)

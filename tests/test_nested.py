@@ -9,6 +9,9 @@ EP's marginals are then the exact marginals' projections, and its draws the law'
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import numpy as np
 import pymc as pm
 from scipy import optimize, special, stats
@@ -228,3 +231,56 @@ def test_one_update_gives_the_exact_tilted_projections_even_where_a_groups_cavit
         assert abs(tilted.mean() - mj) < 1e-3 * sj and abs(np.sqrt(tilted.var()) / sj - 1) < 1e-3, j
         # each instance carries an equal share of its group's site
         assert np.allclose(new[own][g == j], new[own][g == j][0])
+
+
+def test_two_groups_reading_common_coefficients_are_warned_about_with_their_contrasts_sd():
+    # Gamma(mu=exp(a + b * trt), sigma=s) over two arms: each arm's location (a, a + b) gets
+    # its own site given s, but both move with s under the likelihood, a correlation r of the
+    # law that no arm's site carries; the contrast b then has an sd 1 / sqrt(1 - r) times the
+    # exact one, unwarned before robustness round 42 (1.26 of NUTS's). The warning's figure
+    # is checked against the exact posterior on a grid; a mean-dispersion form is not warned.
+    rng = np.random.default_rng(7)
+    trt = np.repeat([0, 1], 50)
+    y = rng.gamma(2.0, np.exp(0.5 + 0.4 * trt) / 2.0)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 3)
+        b = pm.Normal("b", 0, 1)
+        s = pm.HalfNormal("s", 3)
+        pm.Gamma("y", mu=pm.math.exp(a + b * trt), sigma=s, observed=y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        idata = pmkjit.fit(model=model, random_seed=1, progressbar=False, draws=10, compute_log_likelihood=False)
+    said = [str(w.message) for w in caught if "groups nested in shared scalars" in str(w.message)]
+    assert len(said) == 1 and "a, b read common coefficients" in said[0]
+    predicted = float(re.search(r"an sd about ([0-9.]+) times the exact one", said[0]).group(1))
+    # the exact posterior of (u0, u1, s), u_g = a + b * g, on a grid: each arm's Gamma
+    # log-likelihood from its count, sum and sum of logs
+    u0 = np.linspace(-0.5, 2.0, 161)[:, None, None]
+    u1 = np.linspace(-0.2, 2.5, 161)[None, :, None]
+    sg = np.linspace(0.2, 4.0, 161)[None, None, :]
+
+    def arm(u, obs):
+        mu = np.exp(u)
+        shape, rate = mu**2 / sg**2, mu / sg**2
+        return (obs.size * (shape * np.log(rate) - special.gammaln(shape)) + (shape - 1) * np.log(obs).sum()
+                - rate * obs.sum())
+
+    logp = (stats.norm.logpdf(u0, 0, 3) + stats.norm.logpdf(u1 - u0, 0, 1) + stats.halfnorm.logpdf(sg, scale=3)
+            + arm(u0, y[trt == 0]) + arm(u1, y[trt == 1]))
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    b_grid = u1 - u0
+    b_mean = np.sum(w * b_grid)
+    exact_sd = np.sqrt(np.sum(w * (b_grid - b_mean) ** 2))
+    assert w[[0, -1]].sum() + w[:, [0, -1]].sum() + w[:, :, [0, -1]].sum() < 1e-6  # the grid holds the law
+    ratio = float(np.sqrt(pmkjit.ep_posterior(idata)["b"].var()[0])) / exact_sd
+    assert 1.15 < ratio < 1.4 and abs(predicted - ratio) < 0.06
+    with pm.Model() as dispersion:
+        a = pm.Normal("a", 0, 3)
+        b = pm.Normal("b", 0, 1)
+        k = pm.Exponential("k", 0.5)
+        pm.Gamma("y", alpha=k, beta=k / pm.math.exp(a + b * trt), observed=y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pmkjit.fit(model=dispersion, random_seed=1, progressbar=False, draws=10, compute_log_likelihood=False)
+    assert not [w for w in caught if "groups nested in shared scalars" in str(w.message)]

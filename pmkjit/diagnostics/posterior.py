@@ -78,6 +78,40 @@ def warn_one_site_dropped_correlation(graph, methods: Sequence) -> frozenset[int
     return frozenset(warned)
 
 
+_NESTED_GROUP_CORRELATION = 0.2  # contrasts' sds off by 1 / sqrt(1 - 0.2) = 1.12 times or more
+
+
+def warn_nested_groups_correlated(graph, methods: Sequence) -> None:
+    """Warn where a likelihood fitted with its groups nested in shared scalars
+    (:mod:`pmkjit.ep.nested`) correlates groups whose own scalars read common coefficients.
+
+    ``pm.ExGaussian(mu=mu0 + d * cond, sigma, nu)`` with a 0/1 condition: each group's own
+    scalar (``mu0``, ``mu0 + d``) gets its own site, exact given the shared ``sigma`` and
+    ``nu``, but both groups' locations move with ``nu`` (a larger exponential part, a smaller
+    location), a correlation ``r`` of the law that no site of one group carries. A contrast
+    of two groups of equal variance then has an sd ``1 / sqrt(1 - r)`` times the exact one
+    (too wide for ``r > 0``, too narrow for ``r < 0``):
+    the law's ``r`` of 0.37 predicted 1.26 where NUTS said 1.27 for ``d``, and 0.28 with three
+    conditions predicted 1.18 (NUTS: 1.15-1.23), unwarned (robustness round 42). With a mean
+    and a dispersion (``NegativeBinomial(mu=exp(a + b * trt), alpha)``, a Gamma with a shared
+    shape) ``r`` was 4e-5 and the sds right."""
+    for f, m in zip(graph.factors, methods):
+        r = getattr(m, "group_correlation", 0.0)
+        if abs(r) <= _NESTED_GROUP_CORRELATION or not m.current:
+            continue
+        slot = f.inputs[f.latent_inputs[m._own]]
+        factor = 1.0 / np.sqrt(1.0 - r)  # EP's var(u - v) = 2 s^2 against the law's 2 s^2 (1 - r)
+        warnings.warn(
+            f"{f.name}: EP fits this likelihood with one site, its groups nested in shared scalars, and the groups' "
+            f"own projections of {_latent_name(graph, slot).replace(' + ', ', ')} read common coefficients; the "
+            f"likelihood correlates them at up to {r:.2f} through the shared scalars, which each group's own site "
+            f"leaves out, so a contrast between two groups (a treatment effect) may have an sd about "
+            f"{factor:.2f} times the exact one. Compare with pm.sample",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float = 0.8,
                           collapsed: frozenset[int] = frozenset(), jointly: frozenset[int] = frozenset(),
                           warned: frozenset[int] = frozenset()) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from pmkjit.families import ExponentialFamily
-from pmkjit.graph.factor_graph import BlackBoxFactor, ElementSlot
+from pmkjit.graph.factor_graph import BlackBoxFactor, ElementSlot, LinearSlot
 from pmkjit.operators.oracle import project_beliefs
 
 from .collapsed import _ROTATED_CHECK, _ROTATED_EDGE, BLOCK, OneSite
@@ -82,6 +82,22 @@ def _layout(f: BlackBoxFactor) -> tuple[np.ndarray, np.ndarray, list[int], int] 
     return group.reshape(-1), first, shared, own[0]
 
 
+_MAX_OVERLAP_GROUPS = 200  # groups for which the pairs that share a coordinate are tracked
+
+
+def _shared_coordinates(f: BlackBoxFactor, first: np.ndarray, own: int) -> np.ndarray | None:
+    """``(G, G)`` pairs of distinct groups whose own scalars are projections reading a common
+    coordinate of the Gaussian block (``mu0`` and ``mu0 + d``), or None where there are none
+    (an element per group, or a group's own coordinate) or too many groups to track."""
+    slot = f.inputs[f.latent_inputs[own]]
+    if not isinstance(slot, LinearSlot) or first.size > _MAX_OVERLAP_GROUPS:
+        return None
+    nz = (np.asarray(slot.A, dtype=float).reshape(f.size, -1)[first] != 0).astype(float)
+    pairs = (nz @ nz.T) > 0
+    np.fill_diagonal(pairs, False)
+    return pairs if pairs.any() else None
+
+
 class NestedLikelihood(OneSite):
     """The tilted moments of a likelihood of shared scalars and one scalar per group, one site.
 
@@ -111,6 +127,12 @@ class NestedLikelihood(OneSite):
         self._input = {i: k for k, i in enumerate(factor.latent_inputs)}
         self._frames = None  # the shared scalars' frame at the end of the last sweep
         self._inner = None  # each group's grid (centre, sd, nodes) at the end of the last sweep
+        self._overlap = _shared_coordinates(factor, self._first, self._own)
+        # the largest (in size) correlation, under the last law held, of two groups' own
+        # projections that read a common coordinate (mu0 and mu0 + d of a two-condition
+        # design): their sites are the groups' own, so EP leaves it out (see
+        # :func:`pmkjit.diagnostics.posterior.warn_nested_groups_correlated`)
+        self.group_correlation = 0.0
 
     @property
     def _kind(self) -> str:
@@ -233,6 +255,14 @@ class NestedLikelihood(OneSite):
                 K = 2 * K - 1  # halve the spacing: a group's law given s is narrower than its marginal
                 continue
             self._frames, self._inner = frames, (mean, np.sqrt(var), K)
+            if self._overlap is not None:
+                # groups are independent given s: their covariance is that of their
+                # conditional means over the nodes of s
+                given = np.einsum("gpk,gk->gp", q, V) - mean[:, None]
+                cov = np.einsum("p,gp,hp->gh", w[0], given, given)
+                corr = cov / np.sqrt(np.outer(var, var))
+                pairs = corr[self._overlap]
+                self.group_correlation = float(pairs[np.argmax(np.abs(pairs))])  # signed: its sign says which way
             return cavities, (U, w, V, W, Z)
         return None
 
