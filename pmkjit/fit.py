@@ -620,7 +620,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # operator: importance sampling alone took 200 s on N = 80-90 (3 latents), no
         # more accurate.
         shared = oracle == "auto" and shares_a_latent(f) and (
-            kind in ("quadrature", "grid") or f.size < _SMALL_FACTOR)
+            kind in ("quadrature", "grid") or f.size < FEW_INSTANCES)
         # An operator for fewer instances than its first fit needs is fitted on answers
         # pooled over sweeps for the same few data points too, whose kernel widths are set
         # by the differences between the instances, not by the moving cavities; its
@@ -630,7 +630,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # Quadrature or the grid on so few entries costs little: they answer directly.
         # Not when the user gave an operator store: an operator kept between runs learns
         # from every run's answers, which is what the store is asked for.
-        few = oracle == "auto" and store is None and kind in ("quadrature", "grid") and f.size < _SMALL_FACTOR
+        few = oracle == "auto" and store is None and kind in ("quadrature", "grid") and f.size < FEW_INSTANCES
         # A censored likelihood is the base's density below a bound and its survival
         # function at it: a jump in the observed value that an operator's smooth kernel
         # spreads over its neighbours. On a censored Weibull regression (N = 50) KJIT left
@@ -704,9 +704,6 @@ def _write_back(store: OperatorStore, graph, kjits: list) -> None:
         answers = [a for a in (k.pending_answers() for _, k in group) if a is not None]
         if answers:  # too few to fit on yet: keep for the next fit, every factor's
             store.save_pending(f, *concatenate_answers(answers))
-
-
-_SMALL_FACTOR = FEW_INSTANCES  # KJITMethod's min_fit: below it, a first fit pools sweeps
 
 
 class _progress:

@@ -17,7 +17,7 @@ import numpy as np
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian, PointMass
 from pmkjit.features import GaussianJointEmbeddingFeatures
-from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot
+from pmkjit.graph.factor_graph import FEW_INSTANCES, BlackBoxFactor, DataSlot
 from pmkjit.operators import ImportanceSamplingOracle, KJITOperator, QuadratureOracle
 from pmkjit.operators.grid import GRID_NODES, GridOracle
 from pmkjit.operators.kjit import default_feature_sizes, pack_answers
@@ -248,7 +248,7 @@ class KJITMethod:
     """
 
     def __init__(self, factor: BlackBoxFactor, oracle: FactorOracle, operator: KJITOperator | None, *,
-                 first_batch: int = 100, min_fit: int = 50, tolerance: float = 1e-3,
+                 first_batch: int = 100, min_fit: int = FEW_INSTANCES, tolerance: float = 1e-3,
                  memory: int = 4000, rng: np.random.Generator, pending: tuple | None = None,
                  n_check: int = 16, distrust: float = 4.0):
         self.factor = factor

@@ -38,9 +38,10 @@ __all__ = [
 
 
 # Instances below which a likelihood is small: a KJIT operator's first fit needs this many
-# distinct inputs (below it, its fits pool sweeps of the same few data points), so such a
-# factor is answered directly, and one that reads a regression's predictor alone is one
-# site whose law is exact on a grid (pmkjit.ep.collapsed), not a split link factor
+# distinct inputs (KJITMethod's min_fit; below it, its fits pool sweeps of the same few data
+# points), so such a factor is answered directly, and one that reads a regression's
+# predictor alone is one site whose law is exact on a grid (pmkjit.ep.collapsed), not a
+# split link factor
 FEW_INSTANCES = 50
 # coordinates of such a predictor that a grid holds (pmkjit.ep.collapsed's regression laws)
 MAX_PREDICTOR_RANK = 4
