@@ -348,18 +348,20 @@ def compare_model(model, name: str, pair: list[str], seed: int, variant: str, ta
 
 def run_variants(models: dict, build, switch: str, script: str, out: Path, target_accept: float = 0.8,
                  width: int = 26, description: str = "", nuts: tuple[int, int] = (2, 1000),
-                 ablated=lambda *args: False, deterministics: bool = False) -> None:
+                 ablated=lambda *args: False, deterministics: bool = False,
+                 variant_names: tuple[str, str] = ("collapsed", "instance-by-instance")) -> None:
     """The side-by-side run of a benchmark script: ``build(name, rng) -> (model, pair)`` for each
     of ``models``, fitted with the library as it is (``collapsed``) and with ``pmkjit.fit``'s
     function ``switch`` (which says whether a factor gets one site) answering ``ablated`` (the
     ablation: False by default; ``lambda *args: None`` for a switch whose "no" is None, as
     ``order_constraints``), each against NUTS (with the models' Deterministics where
     ``deterministics``); rows printed and written to ``out`` as JSON with the command
-    (``script`` and its arguments) and the code's commit."""
+    (``script`` and its arguments) and the code's commit. ``variant_names`` name the two
+    variants (the library's, then the ablation) in the rows and on the command line."""
+    library = variant_names[0]
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--models", nargs="+", choices=list(models), default=list(models))
-    parser.add_argument("--variants", nargs="+", choices=["collapsed", "instance-by-instance"],
-                        default=["collapsed", "instance-by-instance"])
+    parser.add_argument("--variants", nargs="+", choices=list(variant_names), default=list(variant_names))
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args()
@@ -371,7 +373,7 @@ def run_variants(models: dict, build, switch: str, script: str, out: Path, targe
     for name in args.models:
         for variant in args.variants:
             # the ablation: no factor of this kind gets one site, as before it did
-            setattr(fit_module, switch, one_site if variant == "collapsed" else ablated)
+            setattr(fit_module, switch, one_site if variant == library else ablated)
             model, pair = build(name, np.random.default_rng(args.seed))
             r = compare_model(model, name, pair, args.seed, variant, target_accept, nuts, deterministics)
             rows.append(r)
@@ -385,7 +387,7 @@ def run_variants(models: dict, build, switch: str, script: str, out: Path, targe
     args.out.write_text(json.dumps({
         "command": f"python benchmarks/{script}"
         + (" --models " + " ".join(args.models) if args.models != list(models) else "")
-        + (" --variants " + " ".join(args.variants) if args.variants != ["collapsed", "instance-by-instance"] else ""),
+        + (" --variants " + " ".join(args.variants) if args.variants != list(variant_names) else ""),
         "code": git_state(), "seed": args.seed, "nuts_chains_draws": list(nuts), "rows": rows,
         "machine": {"python": platform.python_version(), "pymc": pm.__version__, "cpus": __import__("os").cpu_count()},
     }, indent=1))

@@ -16,7 +16,6 @@ black-box factor with a forward sampler and, where PyMC can derive one, a log-de
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections.abc import Sequence
 
@@ -48,6 +47,7 @@ from pmkjit.graph.factor_graph import (
     ElementSlot,
     FEW_INSTANCES,
     MAX_PREDICTOR_RANK,
+    pair_slots,
     FactorGraph,
     GaussianTerm,
     LatentVariable,
@@ -1162,8 +1162,7 @@ class _Builder:
                 "supported; pmkjit needs them affine in real-valued latents"
             )
         # one joint Gaussian site per observation over the inputs (pmkjit.ep.joint)
-        f.pair_slots = [LinearSlot(a.A + b.A, a.c + b.c, f"{a.label} + {b.label}")
-                        for a, b in itertools.combinations(slots, 2)]
+        f.pair_slots = pair_slots(slots)
         f.description += f" (joint site over {len(slots)} {what})"
 
     def _ordinal(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None, eta: Variable,

@@ -18,6 +18,7 @@ quadrature, importance sampling or a KJIT operator.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -88,6 +89,12 @@ class LinearSlot:
     @property
     def size(self) -> int:
         return self.c.shape[0]
+
+
+def pair_slots(slots: list[LinearSlot]) -> list[LinearSlot]:
+    """One slot ``eta_i + eta_j`` per pair ``i < j`` of ``slots``: where a joint Gaussian site's
+    off-diagonal precision lives (see :attr:`BlackBoxFactor.pair_slots`)."""
+    return [LinearSlot(a.A + b.A, a.c + b.c, f"{a.label} + {b.label}") for a, b in itertools.combinations(slots, 2)]
 
 
 @dataclass
