@@ -56,7 +56,7 @@ _MIN_RESOLVED = 0.05  # least effective number of nodes, relative to the grid's 
 _CHECK_NODES = {2: 20, 3: 10}
 _CHECK_MEAN = 0.05
 _CHECK_LOG_VAR = 0.1
-_MAX_FALLBACK = 50  # entries answered by the fallback oracle per call
+_MAX_FALLBACK = 10  # entries answered by the fallback oracle per call
 
 
 # Most linear predictors of a likelihood given a joint site by :func:`join`: the tensor grid
@@ -245,8 +245,10 @@ class JointQuadrature:
             # does for a thousand. Refusals come from cavities broad against a sharp
             # likelihood (the priors, in the first sweep): at most _MAX_FALLBACK of them, spread
             # over the batch, are answered so, and their sites narrow the others' cavities
-            # for the next sweep (a Normal with a log-linear scale, N = 5,000: 346 s when all
-            # were answered so, since the first sweep refused nearly all of them).
+            # for the next sweep. The first sweep, from the priors, refuses nearly all: a
+            # Normal with a log-linear scale, N = 5,000, took 346 s when all were answered so;
+            # on N = 100-200, 50 a sweep left the fit 1.5-3 times slower than 10 a sweep
+            # (benchmarks/two_predictors_vs_nuts.py, the same answers).
             bad = bad[np.unique(np.linspace(0, bad.size - 1, min(bad.size, _MAX_FALLBACK)).round().astype(int))]
             out_mean[bad], out_cov[bad], ok[bad] = self._factorised(mean[bad], cov[bad], P[bad], idx[bad])
         return out_mean, out_cov, ok
