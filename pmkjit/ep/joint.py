@@ -247,8 +247,8 @@ class JointQuadrature:
             # over the batch, are answered so, and their sites narrow the others' cavities
             # for the next sweep. The first sweep, from the priors, refuses nearly all: a
             # Normal with a log-linear scale, N = 5,000, took 346 s when all were answered so;
-            # on N = 100-200, 50 a sweep left the fit 1.5-3 times slower than 10 a sweep
-            # (benchmarks/two_predictors_vs_nuts.py, the same answers).
+            # on N = 100-200, 50 a sweep made six of nine fits 1.3-3.5 times slower than 10 a
+            # sweep (benchmarks/two_predictors_vs_nuts.py, the same answers).
             bad = bad[np.unique(np.linspace(0, bad.size - 1, min(bad.size, _MAX_FALLBACK)).round().astype(int))]
             out_mean[bad], out_cov[bad], ok[bad] = self._factorised(mean[bad], cov[bad], P[bad], idx[bad])
         return out_mean, out_cov, ok
