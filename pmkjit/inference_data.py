@@ -59,9 +59,10 @@ def assemble_inference_data(model, graph, state, draws, chains, rng, with_loglik
     for v in graph.variables.values():
         if v.in_gaussian_block:
             x = theta[:, v.offset : v.offset + v.size]
-            if v.name in graph.zero_sum:  # EP holds the sum near 0 (sd 1e-4); the model at 0
+            if v.name in graph.zero_sum:  # EP holds the sums near 0 (sd 1e-4); the model at 0
                 x = x.reshape((n,) + v.shape)
-                x = x - x.mean(axis=-1, keepdims=True)
+                for axis in range(-graph.zero_sum[v.name], 0):
+                    x = x - x.mean(axis=axis, keepdims=True)
         else:
             x = elements[v.name]
         posterior[v.name] = x.reshape((chains, draws) + v.shape)

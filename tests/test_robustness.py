@@ -1613,14 +1613,43 @@ def test_a_zero_sum_normal_effect_is_exact_and_its_draws_sum_to_zero():
     assert np.abs(idata.posterior["u"].sum("group")).max() < 1e-12
 
 
-def test_a_zero_sum_normal_over_two_axes_is_refused_naming_its_zero_sum_axes():
-    # the matrix-valued check came first: "u: matrix-valued latent variables are not
-    # supported", though a (3, 4) ZeroSumNormal with one zero-sum axis is supported
+def test_a_zero_sum_normal_over_two_axes_is_exact_and_its_draws_sum_to_zero_on_both():
+    # A two-way interaction written pm.ZeroSumNormal("ab", dims=("A", "B"), n_zerosum_axes=2)
+    # was refused. Its law is N(0, sigma^2 P_A x P_B): ab = (H_A x H_B)^T w with w ~ N(0,
+    # sigma^2 I), H Helmert's contrasts, which gives the exact posterior; with a batch axis
+    # in front (two independent tables)
+    from scipy.linalg import helmert
+
+    rng = np.random.default_rng(22)
+    n, KA, KB, sigma, noise = 240, 3, 4, 0.7, 0.4
+    t, ia, ib = rng.integers(0, 2, n), rng.integers(0, KA, n), rng.integers(0, KB, n)
+    effect = rng.normal(size=(2, KA, KB))
+    effect -= effect.mean(axis=1, keepdims=True)
+    effect -= effect.mean(axis=2, keepdims=True)
+    y = 0.5 + effect[t, ia, ib] + noise * rng.normal(size=n)
     with pm.Model() as model:
-        u = pm.ZeroSumNormal("u", sigma=1.0, shape=(3, 4), n_zerosum_axes=2)
-        pm.Normal("y", u, 1.0, observed=np.zeros((3, 4)))
-    with pytest.raises(UnsupportedModelError, match=r"u: a ZeroSumNormal with n_zerosum_axes=2 .*one zero-sum"):
-        pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)
+        a = pm.Normal("a", 0.0, 5.0)
+        ab = pm.ZeroSumNormal("ab", sigma=sigma, shape=(2, KA, KB), n_zerosum_axes=2)
+        pm.Normal("y", a + ab[t, ia, ib], noise, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=200)
+    q = pmkjit.ep_posterior(idata)["ab"]
+    C = np.kron(helmert(KA), helmert(KB)).T  # (KA KB, (KA - 1)(KB - 1)): a table from its contrasts
+    m = C.shape[1]
+    X = np.zeros((n, 1 + 2 * m))
+    X[:, 0] = 1.0
+    for table in (0, 1):
+        on = t == table
+        X[on, 1 + table * m: 1 + (table + 1) * m] = C[ia[on] * KB + ib[on]]
+    prec = np.diag([1 / 25.0] + [1 / sigma**2] * (2 * m)) + X.T @ X / noise**2
+    cov = np.linalg.solve(prec, np.eye(prec.shape[0]))
+    mean = cov @ X.T @ y / noise**2
+    ab_mean = np.concatenate([C @ mean[1 + j * m: 1 + (j + 1) * m] for j in (0, 1)])
+    ab_var = np.concatenate([np.diag(C @ cov[1 + j * m: 1 + (j + 1) * m, 1 + j * m: 1 + (j + 1) * m] @ C.T)
+                             for j in (0, 1)])
+    np.testing.assert_allclose(np.ravel(q.mean()), ab_mean, atol=1e-5)
+    np.testing.assert_allclose(np.ravel(q.var()), ab_var, rtol=1e-4)
+    draws = idata.posterior["ab"].values
+    assert np.abs(draws.sum(axis=-1)).max() < 1e-12 and np.abs(draws.sum(axis=-2)).max() < 1e-12
 
 
 def test_a_hurdle_lognormal_is_answered_by_its_oracle_and_gets_psi_exactly():

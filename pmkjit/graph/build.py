@@ -366,14 +366,9 @@ class _Builder:
                 "latents (marginalise it out, e.g. with pm.Mixture)"
             )
         op = rv.owner.op
-        if getattr(op, "ndim_supp", 0) > 1:
-            if type(op).__name__ == "ZeroSumNormalRV":
-                # its support is its zero-sum axes: this check came first and called a
-                # ZeroSumNormal over two axes "matrix-valued", though shape=(3, 4) is fine
-                raise UnsupportedModelError(
-                    f"{name}: a ZeroSumNormal with n_zerosum_axes={op.ndim_supp} is not supported (one zero-sum "
-                    "axis, the last, is)"
-                )
+        # a ZeroSumNormal's support is its zero-sum axes (two for an interaction's table),
+        # held exactly by _zero_sum_prior however many they are
+        if getattr(op, "ndim_supp", 0) > 1 and type(op).__name__ != "ZeroSumNormalRV":
             raise UnsupportedModelError(f"{name}: matrix-valued latent variables are not supported")
         if isinstance(op, CensoredRV):
             # point masses at the bounds: a Gaussian message put mass beyond them (sd 0.63
@@ -405,7 +400,7 @@ class _Builder:
                 return probed_support(rv) or Gaussian
             return Gaussian
         if tname == "ZeroSumTransform" and type(op).__name__ == "ZeroSumNormalRV":
-            return Gaussian  # one zero-sum axis: more were refused with the matrix-valued latents above
+            return Gaussian
         if tname == "Ordered" and getattr(op, "ndim_supp", 0) == 0 and rv.ndim == 1:
             # a real vector (the cutpoints of an ordinal outcome) whose density is its
             # distribution's on the ordered vectors: EP carries it in the Gaussian block and
@@ -1437,41 +1432,57 @@ class _Builder:
             )
 
     def _zero_sum_prior(self, rv) -> None:
-        """``pm.ZeroSumNormal``: Normal factors on orthonormal contrasts, and the sum held at 0.
+        """``pm.ZeroSumNormal``: Normal factors on orthonormal contrasts, and the sums held at 0.
 
-        Its law is ``N(0, sigma^2 (I - J / K))`` on the last axis: the ``K - 1`` Helmert
-        contrasts ``h_j^T z`` are independent ``N(0, sigma)`` (exact with a constant
-        ``sigma``, semi-analytic with a latent one, like a hierarchical prior), and the
-        direction ``1 / sqrt(K)`` has no variance. EP's joint Gaussian cannot hold a
-        singular prior, so that direction gets the precision ``_ZERO_SUM_PRECISION`` (a
-        posterior sd of 1e-4 for the sum), and the draws are projected back onto the sums
-        of zero (:func:`pmkjit.fit`).
+        Over ``k`` zero-sum axes (``n_zerosum_axes``, the last ``k``) of sizes ``K_1..K_k``
+        its law is ``N(0, sigma^2 P_1 x ... x P_k)`` with ``P_i = I - J / K_i``: in the
+        orthonormal basis made of each axis's Helmert contrasts and its direction
+        ``1 / sqrt(K_i)``, the ``prod (K_i - 1)`` products of contrasts are independent
+        ``N(0, sigma)`` (exact with a constant ``sigma``, semi-analytic with a latent one,
+        like a hierarchical prior), and every other product of basis vectors has no
+        variance. EP's joint Gaussian cannot hold a singular prior, so those directions get
+        the precision ``_ZERO_SUM_PRECISION`` (a posterior sd of 1e-4 for the sums), and the
+        draws are projected back onto the sums of zero (:mod:`pmkjit.inference_data`).
         """
         from scipy.linalg import helmert
 
         var = self.variables[rv.name]
         D = self.graph.n_theta
-        K = var.shape[-1]
-        cols = (var.offset + np.arange(var.size)).reshape(-1, K)  # (batch, K)
-        H = helmert(K)  # (K - 1, K): orthonormal rows, each orthogonal to the ones vector
-        R = np.zeros((cols.shape[0], K - 1, D))
-        R[np.arange(cols.shape[0])[:, None, None], np.arange(K - 1)[None, :, None], cols[:, None, :]] = H
-        sigma = dist_params(rv)[0]  # (..., 1): one scale per batch entry
-        plate = var.shape[:-1] + (K - 1,)
+        k = int(getattr(rv.owner.op, "ndim_supp", 1))
+        sizes = var.shape[len(var.shape) - k:]
+        cell = int(np.prod(sizes))
+        cols = (var.offset + np.arange(var.size)).reshape(-1, cell)  # (batch, cells of the zero-sum axes)
+        # each axis's orthonormal basis, its contrasts first: rows of the Kronecker product
+        # whose every factor is a contrast are the free directions, the others are held at 0
+        basis, free = np.ones((1, 1)), np.ones(1, bool)
+        for K in sizes:
+            basis = np.kron(basis, np.vstack([helmert(K), np.full((1, K), 1.0 / np.sqrt(K))]))
+            free = np.kron(free, np.arange(K) < K - 1).astype(bool)
+        H, S1 = basis[free], basis[~free]
+        n_free, batch = H.shape[0], cols.shape[0]
+
+        def rows_of(M: np.ndarray) -> np.ndarray:
+            R = np.zeros((batch, M.shape[0], D))
+            R[np.arange(batch)[:, None, None], np.arange(M.shape[0])[None, :, None], cols[:, None, :]] = M
+            return R.reshape(-1, D)
+
+        sigma = dist_params(rv)[0]  # (..., 1, ..., 1): one scale per batch entry
+        for _ in range(k - 1):
+            sigma = sigma[..., 0]
+        plate = var.shape[: len(var.shape) - k] + (n_free,)
         params = [pt.constant(0.0), lift_indexing(sigma)]
         label = f"{rv.name} (zero-sum contrasts)"
-        rows = R.reshape(-1, D)
+        rows = rows_of(H)
         if not (self._try_gaussian_term(rv, params, prior=True, rows=rows, plate=plate, label=label)
                 or self._try_normal_scale(rv, params, prior=True, rows=rows, plate=plate, label=label)):
             raise UnsupportedModelError(
                 f"{rv.name}: a ZeroSumNormal needs a sigma that is a constant or one positive latent"
             )
-        S = np.zeros((cols.shape[0], D))
-        S[np.arange(cols.shape[0])[:, None], cols] = 1.0 / np.sqrt(K)
+        S = rows_of(S1)
         self.graph.gaussian_terms.append(GaussianTerm(
-            f"sum of {rv.name} at 0", S, np.zeros(cols.shape[0]), np.zeros(cols.shape[0]),
-            np.full(cols.shape[0], _ZERO_SUM_PRECISION)))
-        self.graph.zero_sum.append(rv.name)
+            f"sums of {rv.name} at 0", S, np.zeros(S.shape[0]), np.zeros(S.shape[0]),
+            np.full(S.shape[0], _ZERO_SUM_PRECISION)))
+        self.graph.zero_sum[rv.name] = k
 
     def _icar_prior(self, rv) -> None:
         """``pm.ICAR``: Normal factors on the differences of neighbours, and a soft sum at 0.

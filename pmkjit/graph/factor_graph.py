@@ -289,8 +289,9 @@ class FactorGraph:
     # free variables no factor reads (pmkjit.graph.predictive): drawn after EP from their
     # predictive given the others, so not in ``variables``
     predictive: list[str] = field(default_factory=list)
-    # ZeroSumNormal latents, whose draws are projected onto sums of zero along the last axis
-    zero_sum: list[str] = field(default_factory=list)
+    # ZeroSumNormal latents and their numbers of zero-sum axes (the last ones), onto whose
+    # sums of zero their draws are projected
+    zero_sum: dict[str, int] = field(default_factory=dict)
     # latents with an ordered transform (ordinal cutpoints), kept in order by order factors
     ordered: list[str] = field(default_factory=list)
 
