@@ -647,9 +647,9 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # A likelihood of two or three linear predictors (a distributional regression) gets
         # one joint site per instance over them, answered on a grid in its joint cavity, where
         # an operator's or the oracle's rank-one sites drop the predictors' correlation within
-        # an observation (a ZIP with covariates on both parts: sds 0.83-0.90 of NUTS's; the
-        # joint site 0.94-1.01, and 10-30 times faster); a one-site method for the whole
-        # likelihood, where one applies, keeps it (per-group location and scale).
+        # an observation (a ZIP with covariates on both parts: sds 0.79-0.95 of NUTS's, the
+        # joint site's 0.89-1.02; 3-20 times faster on nine such models); a one-site method
+        # for the whole likelihood, where one applies, keeps it (per-group location and scale).
         joint = oracle == "auto" and method == "kjit" and joinable(f)
         if joint and not direct:
             methods.append(_joined(f, sub, n_samples, oracles))
