@@ -650,8 +650,8 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
         # an observation (a ZIP with covariates on both parts: sds 0.79-0.95 of NUTS's, the
         # joint site's 0.89-1.02; 3-20 times faster on nine such models); a one-site method
         # for the whole likelihood, where one applies, keeps it (per-group location and scale).
-        joint = oracle == "auto" and method == "kjit" and joinable(f)
-        if joint and not direct:
+        join_predictors = oracle == "auto" and method == "kjit" and joinable(f)
+        if join_predictors and not direct:
             methods.append(_joined(f, sub, n_samples, oracles))
             kjits.append(None)
         elif method == "kjit" and f.latent_inputs and not direct:
@@ -697,7 +697,7 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             kjits.append(None)
             methods.append(collapsed)
             oracles[-1] = collapsed
-        elif joint:
+        elif join_predictors:
             methods.append(_joined(f, sub, n_samples, oracles))
             kjits.append(None)
         else:
