@@ -38,7 +38,7 @@ from scipy import linalg, stats
 
 from pmkjit.families import Gaussian, PointMass
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, LinearSlot, pair_slots
-from pmkjit.operators.grid import _product_grid, well_conditioned
+from pmkjit.operators.grid import moments_agree, product_grid, well_conditioned
 
 __all__ = ["JointQuadrature", "joint_update", "joinable", "join"]
 
@@ -51,11 +51,9 @@ _NODES = {1: 64, 2: 32, 3: 16, 4: 7, 5: 6, 6: 5}
 _MAX_GRID_DIMS = max(_NODES)
 _CHUNK = 2_000_000  # grid points x instances evaluated at once
 _MIN_RESOLVED = 0.05  # least effective number of nodes, relative to the grid's own, of an answer
-# the coarser grid that checks an answer (with a fallback): nodes per axis, and the largest
-# differences of a tilted mean (in tilted sds) and log variance, as the grid oracle's check
+# nodes per axis of the coarser grid that checks an answer (with a fallback), whose moments
+# must agree as the grid oracle's check requires (pmkjit.operators.grid.moments_agree)
 _CHECK_NODES = {2: 20, 3: 10}
-_CHECK_MEAN = 0.05
-_CHECK_LOG_VAR = 0.1
 _MAX_FALLBACK = 10  # entries answered by the fallback oracle per call
 
 
@@ -165,10 +163,7 @@ class JointQuadrature:
     def _grid(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Standard-normal nodes ``(G, m)`` and log weights ``(G,)``, the same on every call."""
         if m <= _MAX_GRID_DIMS:
-            z, w = np.polynomial.hermite_e.hermegauss(_NODES[m])
-            Z = np.stack(np.meshgrid(*([z] * m), indexing="ij"), axis=-1).reshape(-1, m)
-            W = np.prod(np.stack(np.meshgrid(*([w] * m), indexing="ij"), axis=-1).reshape(-1, m), axis=1)
-            return Z, np.log(W / W.sum())
+            return product_grid(_NODES[m], m)
         if m not in self._qmc:
             # A product grid has too many nodes here: scrambled Sobol points mapped to normals,
             # drawn once, so every sweep integrates with the same nodes. Fresh Monte Carlo
@@ -261,12 +256,9 @@ class JointQuadrature:
         whose width in the mean shrinks as exp(log scale) down the scale's axis, and a
         fixed grid hits or misses its spikes at random. Its moments sent EP 1e6 sds away.
         """
-        Zc, log_wc = _product_grid(_CHECK_NODES[mu.shape[1]], mu.shape[1])
+        Zc, log_wc = product_grid(_CHECK_NODES[mu.shape[1]], mu.shape[1])
         mu3, cov3, _ = self._moments(centre, L, Zc, log_wc, idx, cavity)
-        with np.errstate(all="ignore"):
-            var = np.diagonal(cov, axis1=1, axis2=2)
-            return np.all(np.abs(mu3 - mu) <= _CHECK_MEAN * np.sqrt(var), axis=1) & np.all(
-                np.abs(np.log(np.diagonal(cov3, axis1=1, axis2=2) / var)) <= _CHECK_LOG_VAR, axis=1)
+        return moments_agree(mu, cov, mu3, cov3)
 
     def _factorised(self, mean, cov, precision, idx):
         """Tilted ``(mean, cov, ok)`` whose site is diagonal: each predictor's answer from the

@@ -34,7 +34,7 @@ import numpy as np
 from pmkjit.families import ExponentialFamily, Gaussian
 from pmkjit.operators.oracle import OracleResult, project_beliefs
 
-__all__ = ["GridOracle", "GRID_NODES"]
+__all__ = ["GridOracle", "GRID_NODES", "moments_agree", "product_grid", "well_conditioned"]
 
 # Gauss-Hermite nodes per axis: 4,096, 10,000, 7,776 and 15,625 nodes in all.
 GRID_NODES = {3: 16, 4: 10, 5: 6, 6: 5}
@@ -101,8 +101,8 @@ class GridOracle:
                         else (GRID_NODES, _CHECK_NODES))
         if m not in nodes:
             raise ValueError(f"the grid oracle takes {min(nodes)} to {max(nodes)} latent variables, got {m}")
-        self._Z, self._log_w = _product_grid(nodes[m], m)
-        self._check = _product_grid(check[m], m)
+        self._Z, self._log_w = product_grid(nodes[m], m)
+        self._check = product_grid(check[m], m)
         self._ess_grid = 1.0 / np.sum(np.exp(2 * self._log_w))
         self.min_resolved = float(min_resolved)
         self.n_calls = 0
@@ -141,10 +141,7 @@ class GridOracle:
                 extra = np.full((B, g.shape[1]), np.nan) if extra is None else extra
                 extra[rows] = g
             mu3, cov3, *_ = self._pass(messages, rows, centre2, L2, self._check)
-            with np.errstate(all="ignore"):
-                sd2 = np.sqrt(np.diagonal(cov2, axis1=1, axis2=2))
-                agree = np.all(np.abs(mu3 - mu2) <= _CHECK_MEAN * sd2, axis=1) & np.all(
-                    np.abs(np.log(np.diagonal(cov3, axis1=1, axis2=2) / sd2**2)) <= _CHECK_LOG_VAR, axis=1)
+            agree = moments_agree(mu2, cov2, mu3, cov3)
             stats[:, rows] = s2
             ess[rows] = np.where(agree, e2, 0.0)
         accepted = (ess >= self.min_resolved * self._ess_grid) & np.isfinite(stats[..., :2]).all(axis=(0, 2))
@@ -170,10 +167,7 @@ class GridOracle:
         good[good] &= well_conditioned(cov1[good])
         cov = np.where(good[:, None, None], cov1, old)
         new_centre = np.where(good[:, None], mu1, centre)
-        with np.errstate(all="ignore"):
-            sd_new = np.sqrt(np.diagonal(cov, axis1=1, axis2=2))
-            moved = ~(np.all(np.abs(new_centre - centre) <= _CHECK_MEAN * sd_new, axis=1) & np.all(
-                np.abs(np.log(np.diagonal(old, axis1=1, axis2=2) / sd_new**2)) <= _CHECK_LOG_VAR, axis=1))
+        moved = ~moments_agree(new_centre, cov, centre, old)
         return new_centre, np.linalg.cholesky(cov), moved & good
 
     def _pass(self, messages, rows, centre, L, grid=None):
@@ -221,7 +215,17 @@ class GridOracle:
         return mu, cov, out, np.where(np.isfinite(ess), ess, 0.0), g
 
 
-def _product_grid(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+def moments_agree(mean: np.ndarray, cov: np.ndarray, other_mean: np.ndarray, other_cov: np.ndarray) -> np.ndarray:
+    """Per entry ``(b,)``: whether ``(other_mean, other_cov)`` is within ``_CHECK_MEAN`` sds of
+    ``cov`` of ``mean`` on every axis, and its variances within ``_CHECK_LOG_VAR`` of
+    ``cov``'s in log (two grids' answers, or a frame against the one before it)."""
+    with np.errstate(all="ignore"):
+        var = np.diagonal(cov, axis1=1, axis2=2)
+        return np.all(np.abs(other_mean - mean) <= _CHECK_MEAN * np.sqrt(var), axis=1) & np.all(
+            np.abs(np.log(np.diagonal(other_cov, axis1=1, axis2=2) / var)) <= _CHECK_LOG_VAR, axis=1)
+
+
+def product_grid(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Standard-normal tensor Gauss-Hermite nodes ``(n**m, m)`` and their log weights."""
     z, w = np.polynomial.hermite_e.hermegauss(n)
     Z = np.stack(np.meshgrid(*([z] * m), indexing="ij"), axis=-1).reshape(-1, m)
