@@ -20,7 +20,8 @@ from pmkjit._parallel import single_threaded_blas
 from pmkjit._random import RandomState, as_generator
 from pmkjit.ep import engine, schedule
 from pmkjit.ep.methods import FactorOracle, KJITMethod, concatenate_answers, grid_possible, quadrature_possible
-from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, integrates_gaussian_inputs, order_constraints
+from pmkjit.ep.collapsed import (CollapsedLikelihood, collapsible, integrates_gaussian_inputs, order_constraints,
+                                 pair_shared_scalars)
 from pmkjit.ep.collapsed_linear import CollapsedLinearNormal
 from pmkjit.ep.hierarchy import CollapsedPrior, collapsible_prior
 from pmkjit.ep.grouped import GroupedLikelihood, groupable
@@ -669,6 +670,10 @@ def _methods(graph, method, oracle, store, n_samples, tol, rng):
             # (NegativeBinomial(n=n, p=p): sds 0.32 of NUTS's), with the order of a mixture's
             # ordered means inside its law
             collapsed = CollapsedLikelihood(f, orc, order)
+            if collapsed.pair_inputs:
+                # scalars two inputs read in common (a and b - a): one joint site on those
+                # inputs, where their own sites left b's sd at 9.9 times NUTS's
+                pair_shared_scalars(f, collapsed)
             kjits.append(None)
             methods.append(collapsed)
             oracles[-1] = collapsed

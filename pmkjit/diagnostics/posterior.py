@@ -146,7 +146,11 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
     steps = np.array([(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)], dtype=float) * h
     drawn = {r for fi in jointly for i in graph.factors[fi].latent_inputs for r in _reads(graph.factors[fi].inputs[i])}
     for fi, f in enumerate(graph.factors):
-        if f.kind != "likelihood" or f.analytic is not None or f.logp is None or f.pair_slots \
+        # a joint site on all of the inputs (class predictors) carries their correlation, but
+        # one on some of a one-site law's scalars leaves the others' draws independent of them
+        joint_all = f.pair_slots and (fi not in collapsed or all(isinstance(f.inputs[i], LinearSlot)
+                                                                  for i in f.latent_inputs))
+        if f.kind != "likelihood" or f.analytic is not None or f.logp is None or joint_all \
                 or len(f.latent_inputs) < 2 or f.observed is None or fi in warned:
             continue
         values, moves, names, points = [], [], [], []
@@ -224,9 +228,18 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                     # every latent it reads was drawn jointly from a larger factor's law (a
                     # decay's entry at t = 0, which reads no rate, beside the other entries)
                     continue
+                if f.pair_slots:
+                    # one joint site on the Gaussian scalars (pmkjit.ep.collapsed): their draws
+                    # carry their correlation, but not the elements'
+                    linear = [n for n, i in zip(names, f.latent_inputs) if isinstance(f.inputs[i], LinearSlot)]
+                    others = [n for n, i in zip(names, f.latent_inputs) if not isinstance(f.inputs[i], LinearSlot)]
+                    what = (f"{_joined(linear)} jointly and {_joined(others)}",
+                            f"{_joined(others)} are independent of those of {_joined(linear)}")
+                else:
+                    what = (_joined(names), "them are independent")
                 warnings.warn(
-                    f"{f.name}: EP's marginals of {_joined(names)} are the projections of their joint law under "
-                    "this likelihood onto their families, but its posterior draws of them are independent (the "
+                    f"{f.name}: EP's marginals of {what[0]} are the projections of their joint law under "
+                    f"this likelihood onto their families, but its posterior draws of {what[1]} (the "
                     "law could not be drawn from on a grid), so a function of several of them may have the "
                     "wrong spread; compare with pm.sample",
                     UserWarning,
@@ -650,11 +663,21 @@ def _latent_name(graph, slot) -> str:
     if isinstance(slot, ElementSlot):
         var = graph.variables.get(slot.variable)
         return slot.variable if var is None or var.size == 1 else f"{slot.variable}[{int(slot.index[0])}]"
-    read = np.flatnonzero(np.any(np.asarray(slot.A) != 0, axis=0))
+    A = np.asarray(slot.A)
+    read = np.flatnonzero(np.any(A != 0, axis=0))
     if read.size == 1:  # one coordinate: of a vector, by its index (an HSGP's coefficient)
         var = next((v for v in graph.gaussian_variables if v.offset <= read[0] < v.offset + v.size), None)
         if var is not None and var.size > 1:
             return f"{var.name}[{int(read[0]) - var.offset}]"
+    scalars = {v.offset: v.name for v in graph.gaussian_variables if v.size == 1}
+    if 1 < read.size <= 3 and np.allclose(A, A[:1]) and all(j in scalars for j in read):
+        # one combination of scalars for every instance, as written (b - a, not "a + b")
+        terms = [(A[0, j], scalars[j]) for j in sorted(read, key=lambda j: A[0, j] < 0)]
+        text = ""
+        for coef, name in terms:
+            size = "" if np.isclose(abs(coef), 1.0) else f"{abs(coef):g} "
+            text += (("-" if coef < 0 else "") if not text else (" - " if coef < 0 else " + ")) + size + name
+        return text
     return " + ".join(v.name for v in graph.gaussian_variables
                       if np.any((read >= v.offset) & (read < v.offset + v.size))) or slot.label
 

@@ -316,7 +316,7 @@ def _update_factor(graph: FactorGraph, prior: _Prior, sites: list[list[np.ndarra
     """Cavities, tilted moments and damped site update of factor ``fi`` (one step of a sweep)."""
     f = graph.factors[fi]
     t0 = time.perf_counter()
-    if f.joint:
+    if f.joint and not getattr(method, "collapsed", False):
         use, new = joint_update(f, state, sites[fi], method, info)
         info.seconds["tilted"] = info.seconds.get("tilted", 0.0) + time.perf_counter() - t0
         return _damped_update(graph, prior, sites, state, fi, use, new, damping, info)
@@ -363,6 +363,9 @@ def _update_factor(graph: FactorGraph, prior: _Prior, sites: list[list[np.ndarra
         delta = b.natural - cav[k].natural[idx]
         good &= np.isfinite(delta).all(axis=1)
         new.append(delta)
+    # a one-site factor's joint site (pmkjit.ep.collapsed) answered instance by instance: its
+    # pair slots' share of it goes, as these rank-one sites do not carry one
+    new += [np.zeros((idx.size, 2)) for _ in f.pair_slots]
     info.unanswered += int((~good).sum())
     sites, state = _damped_update(graph, prior, sites, state, fi, idx[good], [n[good] for n in new], damping,
                                   info)

@@ -919,10 +919,12 @@ class _Builder:
         at every entry of ``plate`` the switch is its branch and the product with zeros is
         0; where it differs, a likelihood is split into the entries on either side
         (``PartlyConstant``, as for a partly constant slot: each side is then one branch,
-        here a conjugate Poisson of one rate). A choice affine in the real-valued latents
-        as a whole (``where(x > 0, b1 * x, b2 * x)``, ``b1 * treated``) is one linear slot
-        already and is left as it is, and so is one met below a non-elementwise operation,
-        whose data do not follow the entries.
+        here a conjugate Poisson of one rate). A product with data other than 0/1 is split
+        only where its zero entries read no latent at all (an exposure of 0); a covariate's
+        zero that leaves other latents read (``k * t`` at ``t = 0``) chooses nothing. A
+        choice affine in the real-valued latents as a whole (``where(x > 0, b1 * x, b2 * x)``,
+        ``b1 * treated``) is one linear slot already and is left as it is, and so is one met
+        below a non-elementwise operation, whose data do not follow the entries.
         """
         while True:
             for node in elementwise_nodes(params):
@@ -930,13 +932,22 @@ class _Builder:
                 choice = self._data_choice(node, plate)
                 if choice is None:
                     continue
-                chosen, if_true, if_false = choice
+                chosen, if_true, if_false, indicators = choice
                 if chosen.all() or not chosen.any():
                     replacement = if_true if chosen.all() else if_false
                     if replacement is None:
                         continue  # a product with data that is nowhere zero: nothing to resolve
                     params = replace_elementwise(params, out, replacement)
                     break  # new nodes above it: look again
+                if not indicators and any(latent_ancestors(p, self.latent_rvs)
+                                          for p in replace_elementwise(params, out, if_false)):
+                    # A covariate that is zero at some entries (k * t at t = 0 of a decay
+                    # c + A * exp(-k * t)) picks no branch where those entries still read
+                    # latents: split off, they became a factor of their own (reading c + A),
+                    # and the rest, fitted as one site over (c, A, k), lost the correlation of
+                    # c and A (a Poisson decay: sds 0.43-0.72 of NUTS's, robustness round 44).
+                    # Where they read none (an exposure of 0) they are a constant factor.
+                    continue
                 deps = latent_ancestors(out, self.latent_rvs)
                 if owner in self._splittable and not (
                     all(self.variables[d.name].in_gaussian_block for d in deps)
@@ -946,9 +957,10 @@ class _Builder:
             else:
                 return params
 
-    def _data_choice(self, node, plate: tuple[int, ...]) -> tuple[np.ndarray, Variable | None, Variable] | None:
+    def _data_choice(self, node, plate: tuple[int, ...]) -> tuple[np.ndarray, Variable | None, Variable, bool] | None:
         """For a switch on data or a product with data, over latents: (entries choosing the first
-        way, what the node is where all do, what it is where none do); None for any other node.
+        way, what the node is where all do, what it is where none do, whether the data are all
+        0 or 1); None for any other node.
 
         A switch chooses its first branch where its condition holds; a product is itself
         where its data factors are nonzero and 0 where one is zero.
@@ -968,14 +980,17 @@ class _Builder:
             return None
         try:
             chosen = np.ones(plate, bool)
+            indicators = True
             for d in data:
                 value = _stored_value(d)
                 if value is None:
                     value = evaluate_constant(d)
-                chosen = chosen & np.broadcast_to(np.asarray(value).astype(bool), plate)
+                value = np.broadcast_to(np.asarray(value), plate)
+                chosen = chosen & value.astype(bool)
+                indicators = indicators and bool(np.isin(value, (0, 1)).all())
         except ValueError:
             return None  # does not follow the entries: left to the walk
-        return chosen, first, other
+        return chosen, first, other, indicators
 
     def _categorical(self, rv: Variable, y: np.ndarray, mask: np.ndarray | None) -> None:
         """``pm.Categorical(p=softmax(eta, axis=-1))`` or ``logit_p=eta``: one black-box factor.
