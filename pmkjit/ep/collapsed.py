@@ -1105,7 +1105,8 @@ class CollapsedLikelihood(OneSite):
         than ``_ROTATED_EDGE`` of its mass on an edge: a long flat side), two latents are drawn
         from the non-uniform grid of :meth:`_on_wide_grid` instead. None where a cavity is improper,
         no grid contains the law, or a grid would cost more than
-        ``_MAX_DRAW_EVALUATIONS`` density evaluations.
+        ``_MAX_DRAW_EVALUATIONS`` density evaluations. Where Gaussian inputs share one joint
+        site (``pair_inputs``), the law is :meth:`_joint_law`'s, under their joint cavity.
 
         ``priors``: per latent, None or ``(site, log_density)``, a prior factor of the latent
         whose EP site (natural parameters) is replaced in the cavity by its exact density
@@ -1592,7 +1593,9 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
     coherent: each latent is an element of an element variable, or a coordinate of the
     Gaussian block that EP's posterior leaves uncorrelated with every other; none is in
     ``fixed`` (variables drawn given others, :mod:`pmkjit.ep.conditional`) or read by
-    another collapsed factor drawn so. A hierarchical prior's
+    another collapsed factor drawn so; Gaussian inputs that share one joint site (``a`` and
+    ``b - a``) are drawn together and solved for the scalars they read
+    (:func:`_draw_joint_site`). A hierarchical prior's
     (:class:`~pmkjit.ep.hierarchy.CollapsedPrior`) element hyperparameters are drawn with its
     outputs from its law, given the outputs' draws where those are in ``fixed``, or from the
     law's marginal beside Gaussian outputs. Returns the indices of the factors drawn jointly.
