@@ -641,9 +641,10 @@ def test_scalars_two_inputs_read_in_common_get_one_joint_site_matching_the_exact
     # from a and b - a), so they keep its correlations: a and p at 0.8
     exact["p"] = (mean, float(np.sqrt((v * (P - mean) ** 2).sum())))
     draws = idata.posterior
-    for x, gx, y, gy in (("a", A, "b", B), ("a", A, "p", P), ("b", B, "p", P)):
-        corr = _correlation(logp, exact, x, gx, y, gy)
-        assert abs(np.corrcoef(draws[x].values.ravel(), draws[y].values.ravel())[0, 1] - corr) < 0.05, (x, y, corr)
+    for one, g1, two, g2 in (("a", A, "b", B), ("a", A, "p", P), ("b", B, "p", P)):
+        corr = _correlation(logp, exact, one, g1, two, g2)
+        drawn = np.corrcoef(draws[one].values.ravel(), draws[two].values.ravel())[0, 1]
+        assert abs(drawn - corr) < 0.05, (one, two, corr)
     assert abs(_correlation(logp, exact, "a", A, "p", P)) > 0.6
 
 

@@ -2075,10 +2075,11 @@ def test_a_likelihood_split_by_data_keeps_a_scale_that_is_an_expression_of_a_lat
 
 def test_a_decay_observed_at_time_zero_is_one_likelihood():
     """Poisson counts of ``exp(c + A * exp(-k * t))`` from t = 0. The product ``k * t`` is zero
-    at t = 0, which split that observation off as a factor of its own, reading ``c + A``: the
-    rest, one site over (c, A, k), and it then lost the correlation of c and A, and EP came
-    out with sds 0.43-0.72 of NUTS's and 0.4 sd off (robustness round 44). A covariate's zero
-    picks no branch: the likelihood stays whole, and matches a dense grid of the posterior."""
+    at t = 0, which split that observation off as a factor of its own, reading ``c + A``. The
+    rest was one site over (c, A, k); the two factors' separate sites lost the correlation of
+    c and A, and EP came out with sds 0.43-0.72 of NUTS's, 0.4 sd off (robustness round 44).
+    A covariate's zero picks no branch: the likelihood stays whole, and matches a dense grid
+    of the exact posterior."""
     rng = np.random.default_rng(44)
     t = np.linspace(0.0, 10.0, 50)
     y = rng.poisson(np.exp(0.5 + 2.0 * np.exp(-0.4 * t)))
