@@ -624,9 +624,16 @@ class CollapsedLikelihood(OneSite):
         cavities, ref, P_cav, h_cav, law, sc, d = found
         f, J = self.factor, self.pair_inputs
         self.n_integrals += 1
-        start, moments = _marginal_frames(marginals, ref), None
+        start, moments, self._unresolved = _marginal_frames(marginals, ref), None, False
         if self._frame is not None:
             moments = self._moments_on_rotated_grid(cavities, *start, frame=self._frame, log_law=law, refine=True)
+        if moments is None and not self._unresolved:
+            # the first sweep's frame is the priors', far wider than the law (the power curve's
+            # was refused there, and its first sweep went instance by instance): from the mode
+            # of the law under the joint cavity's marginals, as for four or five scalars
+            mode = self._mode_frame(cavities, *start)
+            if mode is not None:
+                moments = self._moments_on_rotated_grid(cavities, *mode, log_law=law, refine=True)
         if moments is None:
             moments = self._moments_on_rotated_grid(cavities, *start, log_law=law, refine=True)
         if moments is None:
