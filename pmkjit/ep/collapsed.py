@@ -624,18 +624,9 @@ class CollapsedLikelihood(OneSite):
         cavities, ref, P_cav, h_cav, law, sc, d = found
         f, J = self.factor, self.pair_inputs
         self.n_integrals += 1
-        start, moments, self._unresolved = _marginal_frames(marginals, ref), None, False
-        if self._frame is not None:
-            moments = self._moments_on_rotated_grid(cavities, *start, frame=self._frame, log_law=law, refine=True)
-        if moments is None and not self._unresolved:
-            # the first sweep's frame is the priors', far wider than the law (the power curve's
-            # was refused there, and its first sweep went instance by instance): from the mode
-            # of the law under the joint cavity's marginals, as for four or five scalars
-            mode = self._mode_frame(cavities, *start)
-            if mode is not None:
-                moments = self._moments_on_rotated_grid(cavities, *mode, log_law=law, refine=True)
-        if moments is None:
-            moments = self._moments_on_rotated_grid(cavities, *start, log_law=law, refine=True)
+        # (from the law's mode under the joint cavity's marginals before the priors' frame, far
+        # wider than the law: there the power curve's first sweep was refused)
+        moments = self._moments_from_starts(cavities, marginals, ref, log_law=law)
         if moments is None:
             return None
         mean, cov, stats, self._frame = moments
@@ -714,31 +705,40 @@ class CollapsedLikelihood(OneSite):
         return None if beliefs is None else self._instance_sites(beliefs, cavities)
 
     def _beliefs_on_rotated_grid(self, cavities, marginals, ref) -> list | None:
-        """Projected beliefs of a collapsed law of four or five scalars on
-        :meth:`_moments_on_rotated_grid`, or None.
+        """Projected beliefs of a collapsed law of four or five scalars (or three that the
+        axis-aligned Gauss-Hermite grid refused) on :meth:`_moments_on_rotated_grid`, or None.
 
         Not the three-latent law's axis-aligned grid: a growth curve's level, rate and midpoint
         are strongly correlated, so most of an axis-aligned grid's nodes fall where the law has
         no mass. The grid starts in the last one's frame (the coordinates do not move with the
         cavity, unlike a regression's), else at the law's mode, else at EP's marginals."""
-        start, edge = _marginal_frames(marginals, ref), _edge_allowance(len(cavities))
+        found = self._moments_from_starts(cavities, marginals, ref, edge=_edge_allowance(len(cavities)))
+        if found is None:
+            return None
+        self._frame = tuple(np.array(a, dtype=float) for a in found[3])
+        beliefs, accepted = project_beliefs([type(c) for c in cavities], found[2], np.ones(1, bool))
+        return beliefs if bool(np.asarray(accepted)[0]) else None
+
+    def _moments_from_starts(self, cavities, marginals, ref, edge: float = _ROTATED_EDGE,
+                             log_law=None) -> tuple | None:
+        """:meth:`_moments_on_rotated_grid` (refined where it must be) started in the last
+        sweep's frame, else at the law's mode (:meth:`_mode_frame`), else at EP's marginals;
+        None where none holds the law."""
+        start = _marginal_frames(marginals, ref)
         found, self._unresolved = None, False
         if self._frame is not None:
-            found = self._moments_on_rotated_grid(cavities, *start, frame=self._frame, edge=edge, refine=True)
+            found = self._moments_on_rotated_grid(cavities, *start, frame=self._frame, edge=edge, log_law=log_law,
+                                                  refine=True)
         # a grid that held the law but whose every other node disagreed would disagree from
         # any start (the law is one): a mixture's whose mass lies against its order's cut was
         # tried from two more starts in each of two sweeps, 29 grids for nothing
         if found is None and not self._unresolved:
             mode = self._mode_frame(cavities, *start)
             if mode is not None:
-                found = self._moments_on_rotated_grid(cavities, *mode, edge=edge, refine=True)
+                found = self._moments_on_rotated_grid(cavities, *mode, edge=edge, log_law=log_law, refine=True)
         if found is None and not self._unresolved:
-            found = self._moments_on_rotated_grid(cavities, *start, edge=edge, refine=True)
-        if found is None:
-            return None
-        self._frame = tuple(np.array(a, dtype=float) for a in found[3])
-        beliefs, accepted = project_beliefs([type(c) for c in cavities], found[2], np.ones(1, bool))
-        return beliefs if bool(np.asarray(accepted)[0]) else None
+            found = self._moments_on_rotated_grid(cavities, *start, edge=edge, log_law=log_law, refine=True)
+        return found
 
     def _instance_sites(self, beliefs, cavities) -> list[np.ndarray] | None:
         """The collapsed site (the tilted law's projections ``beliefs`` less the ``cavities``)
