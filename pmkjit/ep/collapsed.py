@@ -488,8 +488,10 @@ class CollapsedLikelihood(OneSite):
                                 else "CollapsedLikelihood"))
         self._linear = [None if b is None or b[0].size > 1 else (int(b[0][0]), b[1][:, 0], b[2]) for b in bases]
         self._basis = None if self._block is None else bases[self._block]
-        # latent inputs (positions) whose Gaussian coordinates share one joint site, or None
+        # latent inputs (positions) whose Gaussian coordinates share one joint site, or None,
+        # and their reference predictors' rows and offsets (e = rows . theta + offsets)
         self.pair_inputs = self._shared_coordinates() if self._integrator is None and not self._order else None
+        self._pair_rows = None if self.pair_inputs is None else self._reference_rows(self.pair_inputs)
         self._dims = [1 if b is None else b[0].size for b in bases]  # coordinates of each latent input
         # per linear latent input: how a site on its reference predictors is shared out
         self._splits = {k: _split(b[1]) for k, b in enumerate(bases) if b is not None}
@@ -517,6 +519,16 @@ class CollapsedLikelihood(OneSite):
         return ("collapsed Laplace" if self._integrator == "laplace"
                 else "collapsed quadrature" if sum(self._dims) <= 2 else "collapsed grid")
 
+    def _reference_rows(self, inputs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The rows ``(k, D)`` and offsets ``(k,)`` of the linear latent inputs ``inputs``
+        (positions) at their reference instances: ``eta_r = rows . theta + offsets``."""
+        f = self.factor
+        slots = [f.inputs[f.latent_inputs[k]] for k in inputs]
+        refs = [self._linear[k][0] for k in inputs]
+        rows = np.stack([np.asarray(s.A, dtype=float).reshape(s.size, -1)[r] for s, r in zip(slots, refs)])
+        offsets = np.array([np.broadcast_to(np.asarray(s.c, dtype=float), (s.size,))[r] for s, r in zip(slots, refs)])
+        return rows, offsets
+
     def _shared_coordinates(self) -> list[int] | None:
         """The latent inputs that are scalar projections of the Gaussian block (``b - a``
         beside ``a``) where two of them read a coordinate in common, else None.
@@ -530,11 +542,10 @@ class CollapsedLikelihood(OneSite):
         factor those pair slots. Inputs that read disjoint coordinates keep their own sites,
         whose draws come from the law itself (:func:`draw_jointly`).
         """
-        f = self.factor
         linear = [k for k, lin in enumerate(self._linear) if lin is not None]
         if len(linear) < 2 or len(linear) > _MAX_ROTATED_ELEMENTS:
             return None
-        rows = np.stack([np.asarray(f.inputs[f.latent_inputs[k]].A, dtype=float)[self._linear[k][0]] for k in linear])
+        rows, _ = self._reference_rows(linear)
         reads = rows != 0
         shared = any(np.any(reads[i] & reads[j]) for i in range(len(linear)) for j in range(i))
         # each instance's share of the site is written on its own predictors (their scales
@@ -573,10 +584,7 @@ class CollapsedLikelihood(OneSite):
             return None
         cavities, ref = found
         # EP's joint marginal of e and the factor's joint site on it (eta_n = s_n e + d_n)
-        slots = [f.inputs[f.latent_inputs[k]] for k in J]
-        rows = np.stack([np.asarray(s.A, dtype=float)[self._linear[k][0]] for s, k in zip(slots, J)])
-        offsets = np.array([np.broadcast_to(np.asarray(s.c, dtype=float), (s.size,))[self._linear[k][0]]
-                            for s, k in zip(slots, J)])
+        rows, offsets = self._pair_rows
         mu = rows @ state.mu + offsets
         Z = linalg.solve_triangular(state.chol, rows.T, lower=True, check_finite=False)
         sc = np.stack([self._linear[k][1] for k in J], axis=1)
@@ -1753,19 +1761,16 @@ def _draw_joint_site(graph, fi: int, method: CollapsedLikelihood, state, margina
     f = graph.factors[fi]
     if theta is None or "theta" in fixed:
         return False
-    rows, offsets, places = [], [], []
-    for k, i in enumerate(f.latent_inputs):
+    places = []  # per latent input: (variable, element) of an element, None for a linear one
+    for i in f.latent_inputs:
         s = f.inputs[i]
         if isinstance(s, ElementSlot):
             if s.variable in fixed:
                 return False
             places.append((s.variable, int(np.asarray(s.index).reshape(s.size, -1)[0, 0])))
-            continue
-        r = method._linear[k][0]
-        rows.append(np.asarray(s.A, dtype=float).reshape(s.size, -1)[r])
-        offsets.append(float(np.broadcast_to(np.asarray(s.c, dtype=float), (s.size,))[r]))
-        places.append(None)
-    A = np.stack(rows)
+        else:
+            places.append(None)
+    A, offsets = method._pair_rows  # every linear input is one of pair_inputs
     J = np.flatnonzero(np.any(A != 0.0, axis=0))
     B = A[:, J]
     if B.shape[0] != B.shape[1] or not np.linalg.cond(B) < 1e12 or not _alone(state, J, among=False):
@@ -1777,7 +1782,7 @@ def _draw_joint_site(graph, fi: int, method: CollapsedLikelihood, state, margina
     if draws is None:
         return False
     E = np.stack([np.asarray(x, dtype=float).reshape(n) for x, p in zip(draws, places) if p is None], axis=1)
-    theta[:, J] = np.linalg.solve(B, (E - np.array(offsets)).T).T
+    theta[:, J] = np.linalg.solve(B, (E - offsets).T).T
     for x, p in zip(draws, places):
         if p is not None:
             x = np.asarray(x, dtype=float).reshape(n)
