@@ -136,3 +136,29 @@ def test_a_cumulative_sum_of_a_scalar_is_fitted_against_quadrature():
     assert idata.ep.attrs["converged"]
     assert abs(draws.mean() - mean) < 0.06 * sd
     assert abs(draws.std() / sd - 1) < 0.06
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod"])
+def test_a_sum_or_product_of_a_short_positive_vector_is_read_entry_by_entry(reduce):
+    # Gelman's rat tumours hyperprior, pm.Potential("p(a, b)", -2.5 * log(pm.math.sum(ab))), was
+    # refused ("through Sum ... neither affine nor elementwise") though ab[0] + ab[1] was read:
+    # now the reduction is written out, a function of two elements, and fitted as one site
+    with pm.Model() as model:
+        ab = pm.HalfNormal("ab", 10.0, shape=2)
+        s = pm.math.sum(ab) if reduce == "sum" else pm.math.prod(ab)
+        pm.Potential("p(a, b)", -2.5 * pm.math.log(s))
+        pm.Poisson("y", ab[0], observed=[3, 5, 4])
+        pm.Poisson("z", ab[1], observed=[10, 12])
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10)
+    a = np.linspace(1e-4, 15.0, 1500)[:, None]
+    b = np.linspace(1e-4, 30.0, 1500)[None, :]
+    log_p = (-(a**2 + b**2) / 200.0 - 2.5 * np.log(a + b if reduce == "sum" else a * b)
+             + 12 * np.log(a) - 3 * a + 22 * np.log(b) - 2 * b)  # HalfNormal(10) priors, Poisson counts
+    p = np.exp(log_p - log_p.max())
+    p /= p.sum()
+    post = pmkjit.ep_posterior(idata)["ab"]
+    for k, v in enumerate((a, b)):
+        m = np.sum(p * v)
+        sd = np.sqrt(np.sum(p * (v - m) ** 2))
+        assert abs(post.mean()[k] - m) / sd < 0.01
+        assert abs(np.sqrt(post.var()[k]) / sd - 1) < 0.01

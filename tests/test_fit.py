@@ -609,6 +609,59 @@ def test_normal_with_latent_scale_is_semi_analytic_and_matches_grid():
         assert abs(se / s - 1) < 0.1, name
 
 
+def _exact_regression_given_noise(x, y, prior_sd, log_noise_var, log_prior):
+    """The posterior of ``(a, b)`` and of the noise parameter of ``y ~ N(a + b x, noise_var)``,
+    ``a, b ~ N(0, prior_sd^2)``: ``a, b`` integrated in closed form on a grid of the noise."""
+    X = np.c_[np.ones_like(x), x]
+    lam, U = np.linalg.eigh(prior_sd**2 * X @ X.T)  # y's covariance: U diag(lam + noise) U^T
+    z2 = (U.T @ y) ** 2
+    nv = np.exp(log_noise_var)[:, None]
+    logp = log_prior - 0.5 * np.sum(np.log(lam + nv), 1) - 0.5 * np.sum(z2 / (lam + nv), 1)
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    P = np.eye(2) / prior_sd**2 + X.T @ X / nv[:, :, None]  # (K, 2, 2) given each noise
+    cov = np.linalg.inv(P)  # 2 x 2 per node: a reference, not the code under test
+    mean = np.einsum("kij,kj->ki", cov, (X.T @ y)[None] / nv)
+    m = w @ mean
+    sd = np.sqrt(w @ (mean**2 + np.diagonal(cov, axis1=1, axis2=2)) - m**2)
+    return m, sd, w
+
+
+@pytest.mark.parametrize("link", ["precision", "scale"])
+def test_gamma_0001_noise_priors_match_the_exact_posterior(link):
+    # BUGS's tau ~ dgamma(0.001, 0.001): its cavity, a thousand units wide in log tau, spread
+    # the semi-analytic nodes so that the one observation's tilted law fell between two and
+    # every instance went unanswered (not converged, a and b at their priors, overflow
+    # warnings). On a scale, sigma ~ Gamma(0.001, 0.001), the first sweep collapsed sigma to
+    # 0 (rate 1e14, sds of 1e-9 of NUTS's).
+    rng = np.random.default_rng(45)
+    x = rng.normal(size=50)
+    y = 1.0 + 2.0 * x + rng.normal(0.0, 0.8, 50)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 100.0)
+        b = pm.Normal("b", 0.0, 100.0)
+        if link == "precision":
+            s = pm.Gamma("tau", 0.001, 0.001)
+            pm.Normal("y", a + b * x, tau=s, observed=y)
+        else:
+            s = pm.Gamma("sigma", 0.001, 0.001)
+            pm.Normal("y", a + b * x, s, observed=y)
+    idata = pmkjit.fit(model=model, random_seed=0, progressbar=False, draws=10000)
+    assert idata.ep.attrs["converged"] == 1 and idata.ep.attrs["unanswered"] == 0
+    log_s = np.linspace(-4.0, 4.0, 4001)
+    log_prior = 0.001 * log_s - 0.001 * np.exp(log_s)  # Gamma(0.001, 0.001) in log s
+    m, sd, w = _exact_regression_given_noise(x, y, 100.0, -log_s if link == "precision" else 2 * log_s, log_prior)
+    for k, name in enumerate("ab"):
+        me, se = ep_moments(idata, name)
+        assert abs(me - m[k]) / sd[k] < 0.05, name
+        assert abs(se / sd[k] - 1) < 0.05, name
+    s_mean = w @ np.exp(log_s)
+    s_sd = np.sqrt(w @ np.exp(2 * log_s) - s_mean**2)
+    me, se = ep_moments(idata, s.name)
+    assert abs(me - s_mean) / s_sd < 0.1
+    assert abs(se / s_sd - 1) < 0.1
+
+
 def compound_gamma_model(seed: int, N: int = 30):
     x = np.random.default_rng(seed).normal(0.0, 0.7, size=N)
     with pm.Model() as model:

@@ -395,3 +395,16 @@ def test_two_dimensional_observations_split_like_flat_ones():
         moments.append([q["b"].mean()[0], q["b"].var()[0], q["s"].mean()[0]])
     # the entries with X = 0 read only s; the model gives the same posterior in either shape
     np.testing.assert_allclose(moments[0], moments[1], rtol=1e-6)
+
+
+def test_an_improper_latent_read_by_a_prior_is_refused_naming_it():
+    # theta ~ Beta(ab[0], ab[1]) with ab = pm.HalfFlat: EP draws theta's prior from ab's
+    # (improper) start, and failed inside numpy's Gamma sampler with "scale < 0"
+    def build():
+        ab = pm.HalfFlat("ab", shape=2)
+        pm.Potential("p(a, b)", -2.5 * pm.math.log(ab[0] + ab[1]))
+        theta = pm.Beta("theta", ab[0], ab[1], shape=4)
+        pm.Binomial("y", n=20, p=theta, observed=[3, 5, 2, 4])
+
+    with pytest.raises(UnsupportedModelError, match=r"^ab: its prior is improper \(e.g. pm.HalfFlat"):
+        pmkjit.fit(model=_model(build), random_seed=0, progressbar=False)

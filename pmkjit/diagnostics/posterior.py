@@ -378,7 +378,7 @@ def warn_correlated_hyperparameters(graph, state, rng, threshold: float = 0.6, s
             continue
         rho, (s0, s1) = law
         ratios = (ep_sd[0] / s0, ep_sd[1] / s1)
-        names = [s.variable for s in f.inputs]
+        names = [_latent_name(graph, s) for s in f.inputs]  # ab[0] and ab[1], not "ab and ab"
         if abs(rho) > threshold or min(ratios) < sd_ratio:
             warnings.warn(
                 f"{f.name}: its prior's parameters {names[0]} and {names[1]} are correlated at about {rho:.2f} "

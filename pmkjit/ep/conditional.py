@@ -351,17 +351,19 @@ def conditional_draws(graph: FactorGraph, state, scales: dict[str, np.ndarray], 
         proposal[name], lq = _draw_proposal(fam, body, near_zero, M, rng)
         minus_log_proposal -= lq.sum(axis=1)
     W = cond.precisions(proposal)
-    try:
-        log_z, v = cond.evidence(W)
-    except np.linalg.LinAlgError:
-        return None
-    # target q_cav(scales) Z(scales) (priors with their densities) over the proposals; Gamma
-    # densities are exp(natural . (log s, s)) up to constants
-    log_w = log_z + cond.log_prior(proposal) + minus_log_proposal
-    for name, site in cond.site.items():
-        fam = graph.variables[name].family
-        coef = state.element_natural[name] - site
-        log_w = log_w + np.einsum("mek,ek->m", fam.sufficient_statistics(proposal[name]), coef)
+    # a scale drawn at 0 makes its log-weight -inf or NaN: no weight, below
+    with np.errstate(divide="ignore", invalid="ignore"):
+        try:
+            log_z, v = cond.evidence(W)
+        except np.linalg.LinAlgError:
+            return None
+        # target q_cav(scales) Z(scales) (priors with their densities) over the proposals; Gamma
+        # densities are exp(natural . (log s, s)) up to constants
+        log_w = log_z + cond.log_prior(proposal) + minus_log_proposal
+        for name, site in cond.site.items():
+            fam = graph.variables[name].family
+            coef = state.element_natural[name] - site
+            log_w = log_w + np.einsum("mek,ek->m", fam.sufficient_statistics(proposal[name]), coef)
     k, ratio = np.inf, np.inf
     finite = np.isfinite(log_w)
     if finite.mean() > 0.5:

@@ -137,9 +137,18 @@ def init(graph: FactorGraph, rng: np.random.Generator, n_init: int = 4000) -> tu
         for s, m in zip(f.inputs, marg[: len(f.inputs)]):
             if isinstance(s, DataSlot):
                 ins.append(np.broadcast_to(s.values, (n_init, s.size)))
+            elif not np.all(m.is_proper()):
+                # ab = pm.HalfFlat("ab") read by theta's Beta prior (Gelman's rat tumours) failed
+                # in numpy's Gamma sampler with "scale < 0", naming nothing
+                raise UnsupportedModelError(
+                    f"{getattr(s, 'variable', s.label)}: its prior is improper (e.g. pm.HalfFlat or pm.Flat), and "
+                    f"EP starts {f.name}'s prior by drawing from it; give it a proper prior (e.g. a pm.HalfNormal "
+                    "or pm.Normal with a wide scale)"
+                )
             else:
                 ins.append(m.sample(rng, n_init))
-        x = f.sampler(tuple(ins), rng)
+        with np.errstate(all="ignore"):  # a vague prior's draws at 0 or inf: clipped below
+            x = f.sampler(tuple(ins), rng)
         fam = f.output_family
         with np.errstate(all="ignore"):
             # forward samples of a diffuse prior (Beta(phi k, (1 - phi) k) with a small k)

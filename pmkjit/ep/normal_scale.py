@@ -17,9 +17,10 @@ scale), whose residual ``x - mu`` is the linear slot and whose "observation" is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+from scipy.special import digamma
 
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.ep.methods import Answer
@@ -37,6 +38,15 @@ def noise_power(analytic: str) -> float:
     return _NOISE_POWER[analytic.removeprefix("normal-")]
 _NODES = 401
 _HALF_WIDTH = 16.0  # cavity log-space standard deviations each side
+# A vague scale cavity (Gamma(0.001, 0.001), BUGS's habit: log-space sd 1000) spreads the nodes
+# a thousand times wider than the one observation's tilted law, which then fell between two
+# nodes and every instance went unanswered. The window is narrowed onto the nodes within
+# _DROP nats of the largest weight (one node more each side) while that more than halves it.
+_DROP = 46.0  # exp(-46) ~ 1e-20: weight beyond it is below round-off
+_MAX_ZOOMS = 8
+# nodes further apart than this in log(noise) do not resolve a likelihood that varies over a
+# few units of it: a scale's flat tail is then integrated in closed form (_flat_tail)
+_MAX_LOG_NOISE_STEP = 0.25
 
 
 def scale_nodes(q: ExponentialFamily) -> np.ndarray:
@@ -44,6 +54,28 @@ def scale_nodes(q: ExponentialFamily) -> np.ndarray:
     of a Gamma, ``logit s`` of a Beta): ``_HALF_WIDTH`` of its exact sds each side of its mean."""
     mu_u, var_u = q.unconstrained_moments()
     return mu_u[:, None] + np.sqrt(var_u)[:, None] * np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
+
+
+def zoom_nodes(u: np.ndarray, log_weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes ``u`` (B, K) narrowed, row by row, onto the span of ``log_weight`` within ``_DROP``
+    nats of its largest value, one node wider each side; and which rows were narrowed.
+
+    A row is narrowed only where the span is at most half its window (so an informative
+    cavity keeps its nodes) and has a finite weight at all (else nothing says where to go).
+    """
+    K = u.shape[1]
+    with np.errstate(invalid="ignore"):
+        keep = log_weight >= np.max(log_weight, axis=1, keepdims=True) - _DROP
+    keep &= np.isfinite(log_weight)
+    rows = np.arange(u.shape[0])
+    lo = np.clip(np.argmax(keep, axis=1) - 1, 0, K - 1)
+    hi = np.clip(K - np.argmax(keep[:, ::-1], axis=1), 0, K - 1)
+    narrow = keep.any(axis=1) & (u[rows, hi] - u[rows, lo] <= 0.5 * (u[:, -1] - u[:, 0]))
+    out = u.copy()
+    t = np.linspace(0.0, 1.0, K)
+    r = np.flatnonzero(narrow)
+    out[r] = u[r, lo[r], None] + (u[r, hi[r]] - u[r, lo[r]])[:, None] * t
+    return out, narrow
 
 
 class NormalScaleMethod:
@@ -55,6 +87,11 @@ class NormalScaleMethod:
         ``sd = s``, ``sd = s ** -0.5`` or ``sd = s ** 0.5``.
     """
 
+    # the zoom and the closed-form flat tail for vague cavities (class attributes, so that a
+    # benchmark's ablation can turn them off: benchmarks/vague_priors_vs_nuts.py)
+    max_zooms = _MAX_ZOOMS
+    max_log_noise_step = _MAX_LOG_NOISE_STEP
+
     def __init__(self, link: str):
         if link not in _NOISE_POWER:
             raise ValueError(f"link must be one of {sorted(_NOISE_POWER)}, got {link!r}")
@@ -65,10 +102,16 @@ class NormalScaleMethod:
         if isinstance(messages[1], Beta):
             return self._unit_scale(messages)
         s_msg = messages[1]
-        m, v, y, u = self._nodes(messages)  # u: (B, K) nodes in log s
+        m, v, y, u = self._nodes(messages, lambda u: u)  # u: (B, K) nodes in log s
         w, e_eta, var_eta = self._eta_given_scale(s_msg.logpdf_unconstrained(u), u, m, v, y)
         e_log_s = np.sum(w * u, axis=1)
-        e_s = np.sum(w * np.exp(u), axis=1)
+        with np.errstate(over="ignore", invalid="ignore"):  # nodes of no weight beyond exp's range
+            e_s = np.sum(np.where(w > 0, w * np.exp(u), 0.0), axis=1)
+        power = _NOISE_POWER[self.link]
+        coarse = np.flatnonzero((u[:, 1] - u[:, 0]) * power > self.max_log_noise_step) if power > 0 else []
+        if len(coarse):
+            e_eta[coarse], var_eta[coarse], e_log_s[coarse], e_s[coarse] = self._flat_tail(
+                s_msg[coarse], m[coarse], v[coarse], y[coarse])
         ok = np.isfinite(e_eta) & np.isfinite(var_eta) & (var_eta > 0) & np.isfinite(e_s)
         eta_belief = Gaussian(np.where(ok, e_eta, 0.0), np.where(ok, var_eta, 1.0))
         stats = np.stack([np.where(ok, e_log_s, 0.0), np.where(ok, e_s, 1.0)], axis=1)
@@ -80,14 +123,72 @@ class NormalScaleMethod:
         nat_s = np.where(ok[:, None], s_belief.natural, np.nan)
         return Answer((Gaussian.from_natural(nat_eta), Gamma.from_natural(nat_s)), ok)
 
-    def _nodes(self, messages: Sequence[ExponentialFamily]) -> tuple[np.ndarray, ...]:
+    def _flat_tail(self, s_msg: Gamma, m: np.ndarray, v: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The tilted moments where the zoomed nodes cannot resolve the likelihood: a scale (or
+        variance) with a Gamma cavity of tiny shape, ``sigma ~ pm.Gamma(0.001, 0.001)``.
+
+        Its cavity in ``log s`` falls as ``exp(alpha log s)`` towards 0: a thousand units wide
+        for ``alpha = 0.001``, where the likelihood, ``N(y; m, v + s^2)``, is flat below ``s^2 ~
+        v`` and varies over a few units above. 401 nodes over the cavity put one node in that
+        region, and the first sweep's sites collapsed the scale to 0 (rate 1e14). The
+        likelihood's limit ``L0`` at ``s -> 0`` is subtracted instead:
+        ``E[T L] = L0 E[T] + integral q(u) (L - L0) T du``, with the cavity's ``E[T]`` in
+        closed form and the rest on a fine grid between where ``L - L0`` is below 1e-14 of
+        ``L0`` and the cavity's upper tail (light for a Gamma). ``eta``'s moments are taken
+        about ``y``, its limit at ``s -> 0`` (where ``eta | s`` is ``N(y, 0)``).
+        """
+        power = _NOISE_POWER[self.link]
+        alpha, beta = s_msg.shape, s_msg.rate
+        r2 = (y - m) ** 2
+        log_v = np.log(v)
+        # relative change of L from L0 is about noise * max(1, r2 / v) / v at small noise
+        lo = (log_v - 32.0 - np.log(np.maximum(1.0, r2 / v))) / power
+        top = np.log((alpha + 50.0) / beta)[:, None] + 1.0  # the cavity below e^-130 of its peak
+        lo = np.minimum(lo, top - 1.0)
+        t = np.linspace(0.0, 1.0, _NODES)
+        u = lo + (top - lo) * t  # (b, K)
+        h = (top - lo) * (t[1] - t[0]) * np.where((t == 0) | (t == 1), 0.5, 1.0)  # trapezoid weights
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            noise = np.exp(power * u)
+            total = v + noise
+            log_l = -0.5 * np.log(total / v) - 0.5 * r2 / total + 0.5 * r2 / v  # log(L / L0)
+            log_c = s_msg.logpdf_unconstrained(u) + np.log(h)
+            shift = np.maximum(0.0, np.max(log_c + log_l, axis=1, keepdims=True))  # all terms times e^-shift
+            cl, c = np.exp(log_c + log_l - shift), np.exp(log_c - shift)
+            d = (m - y) * noise / total  # E[eta | s] - y
+            cond_var = np.where(np.isfinite(noise), v * noise / total, v)
+            z = np.exp(-shift[:, 0]) + np.sum(cl - c, axis=1)
+            e_d = np.sum(cl * d, axis=1) / z
+            var_eta = np.sum(cl * (cond_var + d**2), axis=1) / z - e_d**2
+            e_log_s = (np.exp(-shift[:, 0]) * (digamma(alpha) - np.log(beta)) + np.sum((cl - c) * u, axis=1)) / z
+            e_s = (np.exp(-shift[:, 0]) * alpha / beta + np.sum((cl - c) * np.exp(u), axis=1)) / z
+        return y[:, 0] + e_d, var_eta, e_log_s, e_s
+
+    def _nodes(self, messages: Sequence[ExponentialFamily],
+               log_scale: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, ...]:
         """The cavity mean and variance of ``eta`` and the observation, as columns, and the scale's
-        quadrature nodes (B, K) in its unconstrained coordinate; counts the call."""
+        quadrature nodes (B, K) in its unconstrained coordinate ``u``, zoomed onto the tilted
+        law (``log_scale(u)`` is ``log s`` there); counts the call."""
         eta_msg, s_msg, y_msg = messages
         self.n_calls += len(eta_msg)
         m, v = eta_msg.mean()[:, None], eta_msg.var()[:, None]
         y = np.asarray(y_msg.value, dtype=float)[:, None]
-        return m, v, y, scale_nodes(s_msg)
+        u = scale_nodes(s_msg)
+        for _ in range(self.max_zooms):
+            logw = self._log_weights(s_msg.logpdf_unconstrained(u), log_scale(u), m, v, y)[0]
+            u, narrowed = zoom_nodes(u, logw)
+            if not narrowed.any():
+                break
+        return m, v, y, u
+
+    def _log_weights(self, log_prior: np.ndarray, log_s: np.ndarray, m: np.ndarray, v: np.ndarray,
+                     y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unnormalised log quadrature weights over the scale's nodes, and the noise variance and
+        ``v + noise`` there (``-inf`` where either is beyond float range)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            noise = np.exp(_NOISE_POWER[self.link] * log_s)
+            total = v + noise
+            return log_prior - 0.5 * np.log(total) - 0.5 * (y - m) ** 2 / total, noise, total
 
     def _eta_given_scale(self, log_prior: np.ndarray, log_s: np.ndarray, m: np.ndarray, v: np.ndarray,
                          y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -97,15 +198,13 @@ class NormalScaleMethod:
         coordinate and ``log_s`` the scale there; ``eta`` given each node is the Gaussian of
         the module's docstring, and its moments mix those over the weights.
         """
-        noise = np.exp(_NOISE_POWER[self.link] * log_s)
-        total = v + noise
-        with np.errstate(over="ignore", invalid="ignore"):
-            logw = log_prior - 0.5 * np.log(total) - 0.5 * (y - m) ** 2 / total
+        logw, noise, total = self._log_weights(log_prior, log_s, m, v, y)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             logw -= logw.max(axis=1, keepdims=True)
-        w = np.exp(logw)
-        w /= w.sum(axis=1, keepdims=True)
-        cond_mean = m + v / total * (y - m)
-        cond_var = v * noise / total
+            w = np.exp(logw)
+            w /= w.sum(axis=1, keepdims=True)
+            cond_mean = m + v / total * (y - m)
+            cond_var = np.where(np.isfinite(noise), v * noise / total, v)  # v at noise beyond float range
         e_eta = np.sum(w * cond_mean, axis=1)
         var_eta = np.sum(w * (cond_var + (cond_mean - e_eta[:, None]) ** 2), axis=1)
         return w, e_eta, var_eta
@@ -119,7 +218,7 @@ class NormalScaleMethod:
         2-D quadrature factor (43 s for a cubic regression, N = 60, where NUTS took 6-19 s).
         """
         s_msg = messages[1]
-        m, v, y, u = self._nodes(messages)  # u: (B, K) nodes in logit s
+        m, v, y, u = self._nodes(messages, lambda u: Beta.sufficient_statistics_unconstrained(u)[..., 0])
         stats_u = Beta.sufficient_statistics_unconstrained(u)  # log s, log(1 - s), exact in u
         w, e_eta, var_eta = self._eta_given_scale(s_msg.logpdf_unconstrained(u), stats_u[..., 0], m, v, y)
         stats = np.einsum("bk,bkj->bj", w, stats_u)

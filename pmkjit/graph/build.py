@@ -58,6 +58,7 @@ from pmkjit.graph.expansion import (
     ScalarFunction,
     entries,
     expand_product,
+    expand_reduction,
     is_scalar_function,
     vectorised_scalar_function,
 )
@@ -549,9 +550,11 @@ class _Builder:
         # in X @ b) make the affine probe NaN: refused as "neither affine ... nor elementwise"
         # (robustness round 16), where the data are at fault
         _no_nan_data(var, owner)
-        expanded = expand_product(var, self.latent_rvs)
+        expanded, product = expand_product(var, self.latent_rvs), True
+        if expanded is None:
+            expanded, product = expand_reduction(var, self.latent_rvs), False  # sum(ab): ab[0] + ab[1]
         if expanded is not None:  # phi @ (beta * sqrt(psd(ell, eta))): column by column
-            leaves[id(var)] = (var, Expanded(expanded))
+            leaves[id(var)] = (var, Expanded(expanded, product))
             self._walk(expanded, plate, owner, leaves, seen)
             return
         if is_scalar_function(var, deps, [v.size for v in dep_vars], plate):  # prod(ls), dot(w ** 2, ls ** 2)
@@ -1915,7 +1918,7 @@ class _Builder:
         scale was split into a deterministic factor of 12 inputs and ran 50 sweeps of
         importance sampling (250 s) without converging.
         """
-        expanded = [leaf for leaf, slot in leaves.values() if isinstance(slot, Expanded)]
+        expanded = [leaf for leaf, slot in leaves.values() if isinstance(slot, Expanded) and slot.product]
         if not expanded:
             return
         deps = latent_ancestors(expanded[0], self.latent_rvs)

@@ -1,4 +1,4 @@
-"""Rewrites that let the model walk read two products it otherwise refuses.
+"""Rewrites that let the model walk read products and reductions it otherwise refuses.
 
 The walk (``_Builder._walk``) reads a parameter as an elementwise function of per-instance
 slots. Two common expressions are not elementwise, yet have that form once written out:
@@ -16,6 +16,10 @@ slots. Two common expressions are not elementwise, yet have that form once writt
   as the prior sd of a centred HSGP's coefficients): a few values, which the walk reads as
   a function of those scalars and the rebuild vectorises over instances with
   :func:`pytensor.graph.replace.vectorize_graph` (:func:`vectorised_scalar_function`).
+* **the sum or product of a short latent vector's entries**, ``pm.math.sum(ab)`` in the rat
+  tumours' hyperprior ``pm.Potential("p(a, b)", -2.5 * log(sum(ab)))`` over positive ``ab``:
+  written out as ``ab[0] + ab[1]`` (:func:`expand_reduction`), a function of two elements.
+  Refused before as "neither affine nor elementwise", though ``ab[0] + ab[1]`` was read.
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from pytensor.graph.basic import Variable
 from pytensor.graph.replace import vectorize_graph
 from pytensor.tensor.basic import MakeVector
 from pytensor.tensor.blockwise import Blockwise
-from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.scalar import Add, Mul
+from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
 from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
 
 from pmkjit.graph.pytensor_tools import evaluate_constant, latent_ancestors, left_expanding, unwrapped
 
-__all__ = ["MAX_EXPANDED_COLUMNS", "Expanded", "ScalarFunction", "entries", "expand_product", "is_scalar_function",
-           "vectorised_scalar_function"]
+__all__ = ["MAX_EXPANDED_COLUMNS", "Expanded", "ScalarFunction", "entries", "expand_product", "expand_reduction",
+           "is_scalar_function", "vectorised_scalar_function"]
 
 # Columns a product is written out into: each is a data slot and a latent input of the
 # factor, and a Normal likelihood integrates the Gaussian ones jointly (a k x k system per
@@ -46,9 +51,12 @@ MAX_EXPANDED_COLUMNS = 64
 
 @dataclass(frozen=True)
 class Expanded:
-    """A walk leaf standing for ``expression``, the same values written elementwise."""
+    """A walk leaf standing for ``expression``, the same values written elementwise;
+    ``product``: a matrix product written out column by column (a factor of as many latent
+    inputs as columns), not the few entries of a reduction."""
 
     expression: Variable
+    product: bool = True
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,23 @@ def expand_product(var: Variable, latents: Sequence[Variable]) -> Variable | Non
     if not terms:
         return None
     return terms[0] if len(terms) == 1 else pt.add(*terms)
+
+
+def expand_reduction(var: Variable, latents: Sequence[Variable]) -> Variable | None:
+    """``var`` written out entry by entry if it is the sum or the product of all the entries of
+    a vector of at most :data:`MAX_EXPANDED_COLUMNS` entries depending on ``latents``
+    (``v[0] + v[1] + ...``, each ``v[j]`` pushed through elementwise operations by
+    :func:`element`); else None."""
+    node = var.owner
+    if node is None or var.ndim != 0 or not isinstance(node.op, CAReduce) or len(node.inputs) != 1:
+        return None
+    combine = {Add: pt.add, Mul: pt.mul}.get(type(node.op.scalar_op))
+    x = node.inputs[0]
+    n = x.type.shape[0] if x.ndim == 1 else None
+    if combine is None or n is None or not 1 <= n <= MAX_EXPANDED_COLUMNS or not latent_ancestors(x, latents):
+        return None
+    terms = [element(x, j) for j in range(n)]
+    return pt.cast(terms[0] if n == 1 else combine(*terms), var.dtype)
 
 
 def _size(var: Variable) -> int:
