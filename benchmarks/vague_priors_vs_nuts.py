@@ -17,7 +17,7 @@ The same model object goes to ``pm.sample`` (4 chains x 1,000 tuning and 2,000 d
 ``target_accept`` 0.9) and to ``pmkjit.fit`` (2 x 1,000 draws).
 
 Run: ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/vague_priors_vs_nuts.py``
-(about 5 minutes). Output: ``benchmarks/results/vague_priors_vs_nuts.json``.
+(about 3 minutes). Output: ``benchmarks/results/vague_priors_vs_nuts.json``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 import pmkjit
 from pmkjit.errors import UnsupportedModelError
 from pmkjit.graph import build_factor_graph
-from pmkjit.graph.expansion import MAX_EXPANDED_COLUMNS, vectorised_scalar_function
+from pmkjit.graph.expansion import MAX_EXPANDED_COLUMNS, MAX_REDUCED_ENTRIES, vectorised_scalar_function
 from pmkjit.graph.factor_graph import DataSlot, ElementSlot, LinearSlot
 
 
@@ -162,3 +162,12 @@ def test_a_sum_or_product_of_a_short_positive_vector_is_read_entry_by_entry(redu
         sd = np.sqrt(np.sum(p * (v - m) ** 2))
         assert abs(post.mean()[k] - m) / sd < 0.01
         assert abs(np.sqrt(post.var()[k]) / sd - 1) < 0.01
+
+    # a longer vector stays refused, by name: written out it would be one factor of that many
+    # elements, beyond what a one-site law integrates in reasonable time
+    with pm.Model() as longer:
+        w = pm.HalfNormal("w", 10.0, shape=MAX_REDUCED_ENTRIES + 1)
+        pm.Potential("pen", -2.5 * pm.math.log(pm.math.sum(w) if reduce == "sum" else pm.math.prod(w)))
+        pm.Poisson("y", w, observed=np.arange(MAX_REDUCED_ENTRIES + 1))
+    with pytest.raises(UnsupportedModelError, match=r"^pen: .*latent w through"):
+        pmkjit.fit(model=longer, random_seed=0, progressbar=False)
