@@ -9,6 +9,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import pytest
 from scipy import stats
+from _dense import tilted_by_dense_grid
 from test_grid import _answer_statistics, _dense_moments
 
 import pmkjit
@@ -104,6 +105,61 @@ def test_semi_analytic_moments_match_a_dense_grid(make):
         got_first, got_second = _answer_statistics(answer.beliefs, b)
         np.testing.assert_allclose(got_first, first, rtol=2e-3, atol=2e-3)
         np.testing.assert_allclose(got_second, second, rtol=5e-3, atol=2e-3)
+
+
+def _scale_components():
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0.0, 3.0, shape=2)
+        s = pm.Gamma("s", 2.0, 2.0)
+        pm.Mixture("y", w=[0.3, 0.7], comp_dists=[pm.Normal.dist(mu[0], s), pm.Normal.dist(mu[1], 2.0 * s)],
+                   observed=[-1.0, 0.2, 2.5])
+    return m
+
+
+@pytest.mark.parametrize("link", ["precision", "scale"])
+def test_a_vague_scale_cavity_is_integrated_where_the_terms_are(link):
+    # BUGS's Eyes model (a Normal mixture, tau ~ dgamma(0.001, 0.001)): the shared precision's
+    # cavity is a thousand units wide in log tau, and nodes over all of it left every instance
+    # unanswered (not converged, 54 NUTS sds off); with sigma ~ Gamma(0.001, 0.001), 15 sds off
+    # and the scale collapsed. Against a dense grid per term: the tilted law is
+    # sum_k w_k N(y; m_k, v_k + noise_k(s)) Gamma(s; 0.001, 0.001).
+    f = _likelihood(_precision_components() if link == "precision" else _scale_components())
+    spec = f.mixture
+    msgs = []
+    for s in f.inputs:
+        msgs.append(Gaussian(np.array([-1.0, 0.5, 0.0]), np.array([9.0, 4.0, 100.0])) if isinstance(s, LinearSlot)
+                    else Gamma(np.full(3, 0.001), np.full(3, 0.001)))
+    msgs.append(PointMass(f.observed))
+    answer = NormalMixtureMethod(f)(msgs)
+    assert answer.accepted.all()
+    weights = [0.3, 0.7]
+    i_tau = spec.scale_input[0]
+    for b in range(3):
+        terms = []
+        for k in range(2):
+            q = msgs[spec.mean_input[k]]
+            if link == "precision":
+                terms.append(tilted_by_dense_grid(q.mean()[b], q.var()[b], f.observed[b], 0.001, 0.001, -1.0))
+                continue
+            c = 1.0 + k  # the second component's sd is 2 s: N(y; eta, 4 s^2) = N(y / 2; eta / 2, s^2) / 2
+            e, var, e_log, e_s, log_z = tilted_by_dense_grid(q.mean()[b] / c, q.var()[b] / c**2, f.observed[b] / c,
+                                                             0.001, 0.001, 2.0)
+            terms.append((c * e, c**2 * var, e_log, e_s, log_z - np.log(c)))
+        log_r = np.log(weights) + np.array([t[4] for t in terms])
+        r = np.exp(log_r - log_r.max())
+        r /= r.sum()
+        for v_out, i in enumerate(f.latent_inputs):
+            got = answer.beliefs[v_out]
+            if i == i_tau:
+                want = r @ np.array([[t[2], t[3]] for t in terms])
+                np.testing.assert_allclose(got.expected_sufficient_statistics()[b], want, rtol=1e-4)
+                continue
+            q = msgs[i]
+            moments = [(t[0], t[1]) if spec.mean_input[k] == i else (q.mean()[b], q.var()[b])
+                       for k, t in enumerate(terms)]
+            mean = r @ np.array([mo[0] for mo in moments])
+            var = r @ np.array([mo[1] + (mo[0] - mean) ** 2 for mo in moments])
+            np.testing.assert_allclose([got.mean()[b], got.var()[b]], [mean, var], rtol=1e-4)
 
 
 def test_dirichlet_weights_of_three_components_are_products_of_sticks():

@@ -27,7 +27,8 @@ import numpy as np
 from scipy import special
 
 from pmkjit.ep.methods import Answer
-from pmkjit.ep.normal_scale import scale_nodes  # the nodes of one latent scale, as there
+# the nodes of one latent scale, and its flat tail, as there
+from pmkjit.ep.normal_scale import MAX_LOG_NOISE_STEP, flat_tail, tilted_nodes
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, LinearSlot
 from pmkjit.graph.mixture import REFERENCE_STICK, NormalMixtureSpec
@@ -81,43 +82,72 @@ class NormalMixtureMethod:
                     if ea or eb:
                         log_w[k] += special.betaln(a + ea, b + eb) - special.betaln(a, b)
 
-            # scale nodes, one set per latent scale input, in log s
+            def mean_cavity(k):
+                i_mu = spec.mean_input[k]
+                if i_mu is None:
+                    return params[K + 2 * k][:, None], np.zeros((B, 1))
+                return messages[i_mu].mean()[:, None], messages[i_mu].var()[:, None]
+
+            def log_lik(k, u):
+                """Term k's Normal density of y with its mean integrated, at scale nodes ``u``
+                (None: a constant scale), and its noise variance and ``v + noise`` there."""
+                m, v = mean_cavity(k)
+                c2 = (params[K + 2 * k + 1] ** 2)[:, None]
+                # sigma = c s or c s^-1/2, c the scale parameter with s at 1 (reference)
+                noise = c2 if u is None else c2 * (np.exp(2 * u) if spec.scale_link[k] == "scale" else np.exp(-u))
+                total = v + noise
+                return -0.5 * np.log(2 * np.pi * total) - 0.5 * (y[:, None] - m) ** 2 / total, noise, total
+
+            # scale nodes, one set per latent scale input, in log s, zoomed onto the terms'
+            # tilted law as in pmkjit.ep.normal_scale (BUGS's Eyes: tau ~ dgamma(0.001, 0.001)
+            # left every instance unanswered, not converged, 54 NUTS sds off)
             nodes = {}
             for i in {i for i in spec.scale_input if i is not None}:
                 q = messages[i]
-                u = scale_nodes(q)
+                terms = [k for k in range(K) if spec.scale_input[k] == i]
+                u, zoomed = tilted_nodes(q, lambda u: special.logsumexp(
+                    [log_w[k][:, None] + q.logpdf_unconstrained(u) + log_lik(k, u)[0] for k in terms], axis=0))
                 log_q = q.logpdf_unconstrained(u)
-                nodes[i] = (u, log_q - special.logsumexp(log_q, axis=1, keepdims=True))
+                # the cavity normalised on its nodes; on a zoomed window, whose outside holds
+                # mass, as the density times the node spacing (the trapezoid rule)
+                norm = special.logsumexp(log_q, axis=1, keepdims=True)
+                norm = np.where(zoomed[:, None], -np.log(u[:, 1:2] - u[:, :1]), norm)
+                nodes[i] = (u, log_q - norm)
 
             # each term: log Z_k and the moments of the inputs it reads
             log_z = np.empty((K, B))
             term_mean, term_scale = [], []
             for k in range(K):
-                i_mu, i_s = spec.mean_input[k], spec.scale_input[k]
-                if i_mu is None:
-                    m, v = params[K + 2 * k], np.zeros(B)
-                else:
-                    m, v = messages[i_mu].mean(), messages[i_mu].var()
-                m, v = m[:, None], v[:, None]
+                i_s = spec.scale_input[k]
+                m, v = mean_cavity(k)
                 if i_s is None:
-                    noise = (params[K + 2 * k + 1] ** 2)[:, None]
-                    log_prior = np.zeros((B, 1))
+                    u, log_prior = None, np.zeros((B, 1))
                 else:
                     u, log_prior = nodes[i_s]
-                    # sigma = c s or c s^-1/2, c the scale parameter with s at 1 (reference)
-                    c2 = (params[K + 2 * k + 1] ** 2)[:, None]
-                    noise = c2 * (np.exp(2 * u) if spec.scale_link[k] == "scale" else np.exp(-u))
-                total = v + noise
-                log_lik = -0.5 * np.log(2 * np.pi * total) - 0.5 * (y[:, None] - m) ** 2 / total
-                log_zs = special.logsumexp(log_prior + log_lik, axis=1)
+                log_lik_k, noise, total = log_lik(k, u)
+                log_zs = special.logsumexp(log_prior + log_lik_k, axis=1)
                 log_z[k] = log_w[k] + log_zs
-                post = np.exp(log_prior + log_lik - log_zs[:, None])  # the term's law of the scale
+                post = np.exp(log_prior + log_lik_k - log_zs[:, None])  # the term's law of the scale
                 cond_mean = m + v / total * (y[:, None] - m)
-                cond_var = v * noise / total
+                cond_var = np.where(np.isfinite(noise), v * noise / total, v)  # v at noise beyond float range
                 e_mu = np.sum(post * cond_mean, axis=1)
                 var_mu = np.sum(post * (cond_var + (cond_mean - e_mu[:, None]) ** 2), axis=1)
+                scale_stats = None if i_s is None else (np.sum(post * u, axis=1),
+                                                        np.sum(np.where(post > 0, post * np.exp(u), 0.0), axis=1))
+                if i_s is not None and spec.scale_link[k] == "scale":
+                    # a vague scale's flat tail, which the nodes cannot resolve, in closed form
+                    # as for one Normal (pmkjit.ep.normal_scale.flat_tail), on y / c with sd s
+                    coarse = np.flatnonzero(2.0 * (u[:, 1] - u[:, 0]) > MAX_LOG_NOISE_STEP)
+                    if coarse.size:
+                        c = np.abs(np.broadcast_to(params[K + 2 * k + 1], (B,))[coarse])[:, None]
+                        yc = y[coarse, None]
+                        mc, vc = np.broadcast_to(m, (B, 1))[coarse], np.broadcast_to(v, (B, 1))[coarse]
+                        e, var, e_log, e_s, lz = flat_tail(messages[i_s][coarse], mc / c, vc / c**2, yc / c, 2.0)
+                        e_mu[coarse], var_mu[coarse] = c[:, 0] * e, c[:, 0] ** 2 * var
+                        log_z[k, coarse] = log_w[k, coarse] + lz - np.log(c[:, 0])
+                        scale_stats[0][coarse], scale_stats[1][coarse] = e_log, e_s
                 term_mean.append((e_mu, var_mu))
-                term_scale.append(None if i_s is None else (np.sum(post * u, axis=1), np.sum(post * np.exp(u), axis=1)))
+                term_scale.append(scale_stats)
 
             log_norm = special.logsumexp(log_z, axis=0)
             r = np.exp(log_z - log_norm)  # (K, B): each term's share of the tilted mass

@@ -25,7 +25,8 @@ from scipy.special import digamma
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.ep.methods import Answer
 
-__all__ = ["NormalScaleMethod", "SEMI_ANALYTIC", "noise_power"]
+__all__ = ["MAX_LOG_NOISE_STEP", "NormalScaleMethod", "SEMI_ANALYTIC", "flat_tail", "noise_power", "scale_nodes",
+           "tilted_nodes", "zoom_nodes"]
 
 _NOISE_POWER = {"scale": 2.0, "precision": -1.0, "variance": 1.0}  # sd^2 = s ** power
 # the factors' ``analytic`` names (pmkjit.graph.factor_graph.BlackBoxFactor), one per link
@@ -45,8 +46,8 @@ _HALF_WIDTH = 16.0  # cavity log-space standard deviations each side
 _DROP = 46.0  # exp(-46) ~ 1e-20: weight beyond it is below round-off
 _MAX_ZOOMS = 8
 # nodes further apart than this in log(noise) do not resolve a likelihood that varies over a
-# few units of it: a scale's flat tail is then integrated in closed form (_flat_tail)
-_MAX_LOG_NOISE_STEP = 0.25
+# few units of it: a scale's flat tail is then integrated in closed form (flat_tail)
+MAX_LOG_NOISE_STEP = 0.25
 
 
 def scale_nodes(q: ExponentialFamily) -> np.ndarray:
@@ -54,6 +55,21 @@ def scale_nodes(q: ExponentialFamily) -> np.ndarray:
     of a Gamma, ``logit s`` of a Beta): ``_HALF_WIDTH`` of its exact sds each side of its mean."""
     mu_u, var_u = q.unconstrained_moments()
     return mu_u[:, None] + np.sqrt(var_u)[:, None] * np.linspace(-_HALF_WIDTH, _HALF_WIDTH, _NODES)
+
+
+def tilted_nodes(q: ExponentialFamily, log_weight: Callable[[np.ndarray], np.ndarray],
+                 max_zooms: int = _MAX_ZOOMS) -> tuple[np.ndarray, np.ndarray]:
+    """``(B, _NODES)`` nodes in a scale message's unconstrained coordinate, from its cavity's
+    window (:func:`scale_nodes`) zoomed onto the tilted law whose unnormalised log-density at
+    nodes ``u`` is ``log_weight(u)``, at most ``max_zooms`` times; and which rows were zoomed."""
+    u = scale_nodes(q)
+    zoomed = np.zeros(u.shape[0], dtype=bool)
+    for _ in range(max_zooms):
+        u, narrowed = zoom_nodes(u, log_weight(u))
+        zoomed |= narrowed
+        if not narrowed.any():
+            break
+    return u, zoomed
 
 
 def zoom_nodes(u: np.ndarray, log_weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,6 +94,53 @@ def zoom_nodes(u: np.ndarray, log_weight: np.ndarray) -> tuple[np.ndarray, np.nd
     return out, narrow
 
 
+def flat_tail(s_msg: Gamma, m: np.ndarray, v: np.ndarray, y: np.ndarray,
+              power: float) -> tuple[np.ndarray, ...]:
+    """Tilted moments of ``N(y; eta, s^power) N(eta; m, v) Gamma(s)`` (``power > 0``: a scale or a
+    variance) where nodes over the cavity cannot resolve the likelihood: a Gamma cavity of tiny
+    shape, ``sigma ~ pm.Gamma(0.001, 0.001)``.
+
+    Its cavity in ``log s`` falls as ``exp(alpha log s)`` towards 0: a thousand units wide
+    for ``alpha = 0.001``, where the likelihood, ``N(y; m, v + s^2)``, is flat below ``s^2 ~
+    v`` and varies over a few units above. 401 nodes over the cavity put one node in that
+    region, and the first sweep's sites collapsed the scale to 0 (rate 1e14). The
+    likelihood's limit ``L0`` at ``s -> 0`` is subtracted instead:
+    ``E[T L] = L0 E[T] + integral q(u) (L - L0) T du``, with the cavity's ``E[T]`` in
+    closed form and the rest on a fine grid between where ``L - L0`` is below 1e-14 of
+    ``L0`` and the cavity's upper tail (light for a Gamma). ``eta``'s moments are taken
+    about ``y``, its limit at ``s -> 0`` (where ``eta | s`` is ``N(y, 0)``).
+
+    ``m``, ``v`` and ``y`` are columns ``(b, 1)``. Returns ``E[eta]``, ``Var[eta]``,
+    ``E[log s]``, ``E[s]`` and ``log Z``, the log of ``integral N(y; m, v + s^power) Gamma(s) ds``.
+    """
+    alpha, beta = s_msg.shape, s_msg.rate
+    r2 = (y - m) ** 2
+    log_v = np.log(v)
+    # relative change of L from L0 is about noise * max(1, r2 / v) / v at small noise
+    lo = (log_v - 32.0 - np.log(np.maximum(1.0, r2 / v))) / power
+    top = np.log((alpha + 50.0) / beta)[:, None] + 1.0  # the cavity below e^-130 of its peak
+    lo = np.minimum(lo, top - 1.0)
+    t = np.linspace(0.0, 1.0, _NODES)
+    u = lo + (top - lo) * t  # (b, K)
+    h = (top - lo) * (t[1] - t[0]) * np.where((t == 0) | (t == 1), 0.5, 1.0)  # trapezoid weights
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        noise = np.exp(power * u)
+        total = v + noise
+        log_l = -0.5 * np.log(total / v) - 0.5 * r2 / total + 0.5 * r2 / v  # log(L / L0)
+        log_c = s_msg.logpdf_unconstrained(u) + np.log(h)
+        shift = np.maximum(0.0, np.max(log_c + log_l, axis=1, keepdims=True))  # all terms times e^-shift
+        cl, c = np.exp(log_c + log_l - shift), np.exp(log_c - shift)
+        d = (m - y) * noise / total  # E[eta | s] - y
+        cond_var = np.where(np.isfinite(noise), v * noise / total, v)
+        z = np.exp(-shift[:, 0]) + np.sum(cl - c, axis=1)
+        e_d = np.sum(cl * d, axis=1) / z
+        var_eta = np.sum(cl * (cond_var + d**2), axis=1) / z - e_d**2
+        e_log_s = (np.exp(-shift[:, 0]) * (digamma(alpha) - np.log(beta)) + np.sum((cl - c) * u, axis=1)) / z
+        e_s = (np.exp(-shift[:, 0]) * alpha / beta + np.sum((cl - c) * np.exp(u), axis=1)) / z
+        log_z = -0.5 * np.log(2 * np.pi * v[:, 0]) - 0.5 * r2[:, 0] / v[:, 0] + np.log(z) + shift[:, 0]
+    return y[:, 0] + e_d, var_eta, e_log_s, e_s, log_z
+
+
 class NormalScaleMethod:
     """Tilted beliefs of ``(eta, s)`` for a Normal factor with a latent scale.
 
@@ -90,7 +153,7 @@ class NormalScaleMethod:
     # the zoom and the closed-form flat tail for vague cavities (class attributes, so that a
     # benchmark's ablation can turn them off: benchmarks/vague_priors_vs_nuts.py)
     max_zooms = _MAX_ZOOMS
-    max_log_noise_step = _MAX_LOG_NOISE_STEP
+    max_log_noise_step = MAX_LOG_NOISE_STEP
 
     def __init__(self, link: str):
         if link not in _NOISE_POWER:
@@ -110,8 +173,8 @@ class NormalScaleMethod:
         power = _NOISE_POWER[self.link]
         coarse = np.flatnonzero((u[:, 1] - u[:, 0]) * power > self.max_log_noise_step) if power > 0 else []
         if len(coarse):
-            e_eta[coarse], var_eta[coarse], e_log_s[coarse], e_s[coarse] = self._flat_tail(
-                s_msg[coarse], m[coarse], v[coarse], y[coarse])
+            e_eta[coarse], var_eta[coarse], e_log_s[coarse], e_s[coarse], _ = flat_tail(
+                s_msg[coarse], m[coarse], v[coarse], y[coarse], power)
         ok = np.isfinite(e_eta) & np.isfinite(var_eta) & (var_eta > 0) & np.isfinite(e_s)
         eta_belief = Gaussian(np.where(ok, e_eta, 0.0), np.where(ok, var_eta, 1.0))
         stats = np.stack([np.where(ok, e_log_s, 0.0), np.where(ok, e_s, 1.0)], axis=1)
@@ -123,47 +186,6 @@ class NormalScaleMethod:
         nat_s = np.where(ok[:, None], s_belief.natural, np.nan)
         return Answer((Gaussian.from_natural(nat_eta), Gamma.from_natural(nat_s)), ok)
 
-    def _flat_tail(self, s_msg: Gamma, m: np.ndarray, v: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The tilted moments where the zoomed nodes cannot resolve the likelihood: a scale (or
-        variance) with a Gamma cavity of tiny shape, ``sigma ~ pm.Gamma(0.001, 0.001)``.
-
-        Its cavity in ``log s`` falls as ``exp(alpha log s)`` towards 0: a thousand units wide
-        for ``alpha = 0.001``, where the likelihood, ``N(y; m, v + s^2)``, is flat below ``s^2 ~
-        v`` and varies over a few units above. 401 nodes over the cavity put one node in that
-        region, and the first sweep's sites collapsed the scale to 0 (rate 1e14). The
-        likelihood's limit ``L0`` at ``s -> 0`` is subtracted instead:
-        ``E[T L] = L0 E[T] + integral q(u) (L - L0) T du``, with the cavity's ``E[T]`` in
-        closed form and the rest on a fine grid between where ``L - L0`` is below 1e-14 of
-        ``L0`` and the cavity's upper tail (light for a Gamma). ``eta``'s moments are taken
-        about ``y``, its limit at ``s -> 0`` (where ``eta | s`` is ``N(y, 0)``).
-        """
-        power = _NOISE_POWER[self.link]
-        alpha, beta = s_msg.shape, s_msg.rate
-        r2 = (y - m) ** 2
-        log_v = np.log(v)
-        # relative change of L from L0 is about noise * max(1, r2 / v) / v at small noise
-        lo = (log_v - 32.0 - np.log(np.maximum(1.0, r2 / v))) / power
-        top = np.log((alpha + 50.0) / beta)[:, None] + 1.0  # the cavity below e^-130 of its peak
-        lo = np.minimum(lo, top - 1.0)
-        t = np.linspace(0.0, 1.0, _NODES)
-        u = lo + (top - lo) * t  # (b, K)
-        h = (top - lo) * (t[1] - t[0]) * np.where((t == 0) | (t == 1), 0.5, 1.0)  # trapezoid weights
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            noise = np.exp(power * u)
-            total = v + noise
-            log_l = -0.5 * np.log(total / v) - 0.5 * r2 / total + 0.5 * r2 / v  # log(L / L0)
-            log_c = s_msg.logpdf_unconstrained(u) + np.log(h)
-            shift = np.maximum(0.0, np.max(log_c + log_l, axis=1, keepdims=True))  # all terms times e^-shift
-            cl, c = np.exp(log_c + log_l - shift), np.exp(log_c - shift)
-            d = (m - y) * noise / total  # E[eta | s] - y
-            cond_var = np.where(np.isfinite(noise), v * noise / total, v)
-            z = np.exp(-shift[:, 0]) + np.sum(cl - c, axis=1)
-            e_d = np.sum(cl * d, axis=1) / z
-            var_eta = np.sum(cl * (cond_var + d**2), axis=1) / z - e_d**2
-            e_log_s = (np.exp(-shift[:, 0]) * (digamma(alpha) - np.log(beta)) + np.sum((cl - c) * u, axis=1)) / z
-            e_s = (np.exp(-shift[:, 0]) * alpha / beta + np.sum((cl - c) * np.exp(u), axis=1)) / z
-        return y[:, 0] + e_d, var_eta, e_log_s, e_s
-
     def _nodes(self, messages: Sequence[ExponentialFamily],
                log_scale: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, ...]:
         """The cavity mean and variance of ``eta`` and the observation, as columns, and the scale's
@@ -173,12 +195,8 @@ class NormalScaleMethod:
         self.n_calls += len(eta_msg)
         m, v = eta_msg.mean()[:, None], eta_msg.var()[:, None]
         y = np.asarray(y_msg.value, dtype=float)[:, None]
-        u = scale_nodes(s_msg)
-        for _ in range(self.max_zooms):
-            logw = self._log_weights(s_msg.logpdf_unconstrained(u), log_scale(u), m, v, y)[0]
-            u, narrowed = zoom_nodes(u, logw)
-            if not narrowed.any():
-                break
+        u, _ = tilted_nodes(s_msg, lambda u: self._log_weights(s_msg.logpdf_unconstrained(u), log_scale(u), m, v, y)[0],
+                            self.max_zooms)
         return m, v, y, u
 
     def _log_weights(self, log_prior: np.ndarray, log_s: np.ndarray, m: np.ndarray, v: np.ndarray,
