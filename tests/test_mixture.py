@@ -118,11 +118,11 @@ def _scale_components():
 
 @pytest.mark.parametrize("link", ["precision", "scale"])
 def test_a_vague_scale_cavity_is_integrated_where_the_terms_are(link):
-    # BUGS's Eyes model (a Normal mixture, tau ~ dgamma(0.001, 0.001)): the shared precision's
-    # cavity is a thousand units wide in log tau, and nodes over all of it left every instance
-    # unanswered (not converged, 54 NUTS sds off); with sigma ~ Gamma(0.001, 0.001), 15 sds off
-    # and the scale collapsed. Against a dense grid per term: the tilted law is
-    # sum_k w_k N(y; m_k, v_k + noise_k(s)) Gamma(s; 0.001, 0.001).
+    # A Normal mixture with BUGS's tau ~ dgamma(0.001, 0.001) (its Eyes example's prior): the
+    # shared precision's cavity is a thousand units wide in log tau, and nodes over all of it
+    # left every instance unanswered (a two-component probe: not converged, 54 NUTS sds off);
+    # with sigma ~ Gamma(0.001, 0.001), 15 sds off and the scale collapsed. Against a dense
+    # grid per term: the tilted law is sum_k w_k N(y; m_k, v_k + noise_k(s)) Gamma(s; 0.001, 0.001).
     f = _likelihood(_precision_components() if link == "precision" else _scale_components())
     spec = f.mixture
     msgs = []

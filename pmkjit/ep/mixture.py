@@ -99,8 +99,9 @@ class NormalMixtureMethod:
                 return -0.5 * np.log(2 * np.pi * total) - 0.5 * (y[:, None] - m) ** 2 / total, noise, total
 
             # scale nodes, one set per latent scale input, in log s, zoomed onto the terms'
-            # tilted law as in pmkjit.ep.normal_scale (BUGS's Eyes: tau ~ dgamma(0.001, 0.001)
-            # left every instance unanswered, not converged, 54 NUTS sds off)
+            # tilted law as in pmkjit.ep.normal_scale (a two-component mixture with BUGS's
+            # tau ~ dgamma(0.001, 0.001) left every instance unanswered: not converged, 54
+            # NUTS sds off, robustness round 45)
             nodes = {}
             for i in {i for i in spec.scale_input if i is not None}:
                 q = messages[i]
@@ -134,7 +135,7 @@ class NormalMixtureMethod:
                 var_mu = np.sum(post * (cond_var + (cond_mean - e_mu[:, None]) ** 2), axis=1)
                 scale_stats = None if i_s is None else (np.sum(post * u, axis=1),
                                                         np.sum(np.where(post > 0, post * np.exp(u), 0.0), axis=1))
-                if i_s is not None and spec.scale_link[k] == "scale":
+                if i_s is not None and spec.scale_link[k] == "scale" and isinstance(messages[i_s], Gamma):
                     # a vague scale's flat tail, which the nodes cannot resolve, in closed form
                     # as for one Normal (pmkjit.ep.normal_scale.flat_tail), on y / c with sd s
                     coarse = np.flatnonzero(2.0 * (u[:, 1] - u[:, 0]) > MAX_LOG_NOISE_STEP)

@@ -43,8 +43,8 @@ from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
 
 from pmkjit.graph.pytensor_tools import evaluate_constant, latent_ancestors, left_expanding, unwrapped
 
-__all__ = ["MAX_EXPANDED_COLUMNS", "MAX_REDUCED_ENTRIES", "Expanded", "ScalarFunction", "entries", "expand_product", "expand_reduction",
-           "is_scalar_function", "vectorised_scalar_function"]
+__all__ = ["MAX_EXPANDED_COLUMNS", "MAX_REDUCED_ENTRIES", "Expanded", "ScalarFunction", "entries", "expand_product",
+           "expand_reduction", "is_scalar_function", "vectorised_scalar_function"]
 
 # Columns a product is written out into: each is a data slot and a latent input of the
 # factor, and a Normal likelihood integrates the Gaussian ones jointly (a k x k system per
