@@ -28,7 +28,7 @@ from scipy import special
 
 from pmkjit.ep.methods import Answer
 # the nodes of one latent scale, and its flat tail, as there
-from pmkjit.ep.normal_scale import MAX_LOG_NOISE_STEP, flat_tail, tilted_nodes
+from pmkjit.ep.normal_scale import flat_tail, tilted_nodes, unresolved_rows
 from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.graph.factor_graph import BlackBoxFactor, DataSlot, ElementSlot, LinearSlot
 from pmkjit.graph.mixture import REFERENCE_STICK, NormalMixtureSpec
@@ -138,7 +138,7 @@ class NormalMixtureMethod:
                 if i_s is not None and spec.scale_link[k] == "scale" and isinstance(messages[i_s], Gamma):
                     # a vague scale's flat tail, which the nodes cannot resolve, in closed form
                     # as for one Normal (pmkjit.ep.normal_scale.flat_tail), on y / c with sd s
-                    coarse = np.flatnonzero(2.0 * (u[:, 1] - u[:, 0]) > MAX_LOG_NOISE_STEP)
+                    coarse = unresolved_rows(u, 2.0)
                     if coarse.size:
                         c = np.abs(np.broadcast_to(params[K + 2 * k + 1], (B,))[coarse])[:, None]
                         yc = y[coarse, None]

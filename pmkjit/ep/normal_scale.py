@@ -26,7 +26,7 @@ from pmkjit.families import Beta, ExponentialFamily, Gamma, Gaussian
 from pmkjit.ep.methods import Answer
 
 __all__ = ["MAX_LOG_NOISE_STEP", "NormalScaleMethod", "SEMI_ANALYTIC", "flat_tail", "noise_power", "scale_nodes",
-           "tilted_nodes", "zoom_nodes"]
+           "tilted_nodes", "unresolved_rows", "zoom_nodes"]
 
 _NOISE_POWER = {"scale": 2.0, "precision": -1.0, "variance": 1.0}  # sd^2 = s ** power
 # the factors' ``analytic`` names (pmkjit.graph.factor_graph.BlackBoxFactor), one per link
@@ -92,6 +92,15 @@ def zoom_nodes(u: np.ndarray, log_weight: np.ndarray) -> tuple[np.ndarray, np.nd
     r = np.flatnonzero(narrow)
     out[r] = u[r, lo[r], None] + (u[r, hi[r]] - u[r, lo[r]])[:, None] * t
     return out, narrow
+
+
+def unresolved_rows(u: np.ndarray, power: float, step: float = MAX_LOG_NOISE_STEP) -> np.ndarray:
+    """Rows of nodes ``u`` (B, K) in ``log s`` spaced more than ``step`` apart in log noise
+    (``power`` times ``log s``): for a scale or a variance (``power > 0``), rows whose flat tail
+    :func:`flat_tail` integrates; none for a precision, whose tail the zoom resolves."""
+    if power <= 0:
+        return np.zeros(0, dtype=int)
+    return np.flatnonzero((u[:, 1] - u[:, 0]) * power > step)
 
 
 def flat_tail(s_msg: Gamma, m: np.ndarray, v: np.ndarray, y: np.ndarray,
@@ -171,8 +180,8 @@ class NormalScaleMethod:
         with np.errstate(over="ignore", invalid="ignore"):  # nodes of no weight beyond exp's range
             e_s = np.sum(np.where(w > 0, w * np.exp(u), 0.0), axis=1)
         power = _NOISE_POWER[self.link]
-        coarse = np.flatnonzero((u[:, 1] - u[:, 0]) * power > self.max_log_noise_step) if power > 0 else []
-        if len(coarse):
+        coarse = unresolved_rows(u, power, self.max_log_noise_step)
+        if coarse.size:
             e_eta[coarse], var_eta[coarse], e_log_s[coarse], e_s[coarse], _ = flat_tail(
                 s_msg[coarse], m[coarse], v[coarse], y[coarse], power)
         ok = np.isfinite(e_eta) & np.isfinite(var_eta) & (var_eta > 0) & np.isfinite(e_s)
