@@ -304,8 +304,9 @@ def warn_correlated_pairs(graph, state, threshold: float = 0.6, sd_ratio: float 
                     warnings.warn(
                         f"{f.name}: the likelihood correlates {names[0]} and {names[1]} at about {rho:.2f} (its "
                         "curvature at EP's posterior means). EP's marginals of the two are the projections of "
-                        "their joint law under it, but its posterior draws of them are independent (too many "
-                        "distinct observations to draw from the law on a grid), so a function of both (a ratio, "
+                        "their joint law under it, but its posterior draws of them are independent (not drawn from "
+                        "the law on a grid: too many distinct observations, or another factor of theirs drew them "
+                        "first), so a function of both (a ratio, "
                         "a product, a predictive distribution) has the wrong spread. A parametrisation with less "
                         "correlated parameters (NegativeBinomial(mu, alpha), BetaBinomial(mu * kappa, (1 - mu) * "
                         "kappa)) avoids it; or compare with pm.sample",

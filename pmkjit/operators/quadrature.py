@@ -367,7 +367,10 @@ class QuadratureOracle:
         # Only the edge nodes are read, so only they are computed (a 2-D grid's 4n of n^2 nodes:
         # the whole grid's shares took a quarter of a 2-D integral's time).
         edge = _edge_nodes(ns)
-        with np.errstate(divide="ignore", under="ignore"):
+        # a statistic with no spread and a zero mean (scale 0) at an edge of no weight is 0/0:
+        # NaN, which is not heavy (robustness round 46: a pm.Potential("jeffreys", -log(tau))
+        # printed "invalid value encountered in divide" seven times)
+        with np.errstate(divide="ignore", under="ignore", invalid="ignore"):
             share = np.zeros((r.size, w.shape[1]))
             share[:, edge] = np.max(np.stack([
                 w[:, edge, None] * np.abs(T[:, edge]) / (mass[:, None, None] * scale[v][:, None, :])
