@@ -12,6 +12,8 @@ where the exact posterior means are 0.62 and 1.95).
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,12 +36,20 @@ def default_initial_values(model: pm.Model) -> Iterator[None]:
     raises ``NotImplementedError: Cannot convert models with non-default initial_values``:
     a model with ``pm.Normal("b", 0, 1, initval=0.1)`` crashed after EP had converged, and
     its non-centred effects were silently left non-centred. The values are restored on exit.
+
+    PyMC's warning that a model holding ``pm.gp`` variables was copied ("Detected variables
+    likely created by GP objects") is silenced in the block too, as in
+    :func:`~pmkjit.graph.pytensor_tools.model_fgraph`: the copies are pmkjit's own (a
+    ``pm.gp.Latent`` classifier got it from the check of impossible observations,
+    robustness round 46).
     """
     saved = dict(model.rvs_to_initial_values)
     try:
         for rv in model.rvs_to_initial_values:
             model.rvs_to_initial_values[rv] = None
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected variables likely created by GP objects")
+            yield
     finally:
         model.rvs_to_initial_values.clear()
         model.rvs_to_initial_values.update(saved)
