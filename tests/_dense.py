@@ -1,4 +1,4 @@
-"""A dense one-dimensional reference for Normal factors with a latent Gamma scale."""
+"""Dense references: a Normal factor with a latent Gamma scale; draws of two scalars against a grid."""
 
 from __future__ import annotations
 
@@ -29,3 +29,22 @@ def tilted_by_dense_grid(m, v, y, shape, rate, power, n=4_000_001):
         var = w @ (v / (1.0 + v / noise) + (mean - e_eta) ** 2)
         e_s = np.sum(np.where(w > 0, w * np.exp(u), 0.0))
     return e_eta, var, w @ u, e_s, log_z
+
+
+def assert_draws_match_grid(draws, logp, A, B, sd_rel, min_corr):
+    """Check draws ``(n, 2)`` of two scalars against their exact law ``logp`` on the grid ``A``,
+    ``B`` (``np.meshgrid(..., indexing="ij")``): means within 0.07 sds, sds within ``sd_rel``,
+    and the correlation (at least ``min_corr`` in the law) within 0.04."""
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    moments = []
+    for k, x in enumerate((A, B)):
+        mean = float(np.sum(w * x))
+        sd = float(np.sqrt(np.sum(w * (x - mean) ** 2)))
+        moments.append((mean, sd))
+        assert abs(draws[:, k].mean() - mean) < 0.07 * sd, k
+        assert abs(draws[:, k].std() / sd - 1) < sd_rel, k
+    (ma, sa), (mb, sb) = moments
+    rho = float(np.sum(w * (A - ma) * (B - mb))) / (sa * sb)
+    assert rho > min_corr
+    assert abs(np.corrcoef(draws.T)[0, 1] - rho) < 0.04

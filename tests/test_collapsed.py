@@ -15,6 +15,7 @@ import pmkjit
 from pmkjit.ep import collapsed
 from pmkjit.ep.collapsed import CollapsedLikelihood, collapsible, grid_reach, rotated_grid
 from pmkjit.families import Gaussian
+from _dense import assert_draws_match_grid
 from _graphs import factor as _factor
 from pmkjit.operators.grid import GridOracle
 
@@ -683,17 +684,5 @@ def test_a_potential_of_the_shared_scalars_is_drawn_within_the_likelihoods_law()
     A, B = np.meshgrid(np.linspace(0.01, 8.0, 600), np.linspace(0.01, 6.0, 600), indexing="ij")
     logp = (-(A**2 + B**2) / 50.0 - 2.5 * np.log(A + B)
             + stats.gamma.logpdf(y, A[..., None], scale=1.0 / B[..., None]).sum(axis=-1))
-    w = np.exp(logp - logp.max())
-    w /= w.sum()
     draws = np.stack([idata.posterior[v].values.ravel() for v in "ab"], axis=1)
-    moments = []
-    for k, x in enumerate((A, B)):
-        mean = float(np.sum(w * x))
-        sd = float(np.sqrt(np.sum(w * (x - mean) ** 2)))
-        moments.append((mean, sd))
-        assert abs(draws[:, k].mean() - mean) < 0.07 * sd, k
-        assert draws[:, k].std() == pytest.approx(sd, rel=0.05), k
-    (ma, sa), (mb, sb) = moments
-    rho = float(np.sum(w * (A - ma) * (B - mb))) / (sa * sb)
-    assert rho > 0.7
-    assert np.corrcoef(draws.T)[0, 1] == pytest.approx(rho, abs=0.04)
+    assert_draws_match_grid(draws, logp, A, B, sd_rel=0.05, min_corr=0.7)
