@@ -53,6 +53,9 @@ _MAX_LATENTS = 3  # adaptive quadrature up to two, the grid for three
 _MAX_REGRESSION_DIMS = MAX_PREDICTOR_RANK  # a regression's predictor (two or three coordinates) and its elements, on the rotated grid
 _MAX_ROTATED_ELEMENTS = 5  # shared scalars on the rotated grid (a dose-response curve's four and its noise)
 _CHUNK = 2_000_000  # nodes x instances evaluated at once
+# observations of a likelihood whose density joins another law's draws (_joint_priors): each
+# costs one density per node of that law's grid
+_MAX_JOINT_INSTANCES = 500
 _GRID_PASSES = 8  # frames the grid may move through before its last pass (the first sweep's cavity is the prior)
 # nodes per axis of the two-latent fallback grid, (coarse, fine): a first grid finds the
 # law's mode and extent, the second integrates
@@ -1710,6 +1713,7 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
                 elements[name][:, idx] = np.where(keep, x, elements[name][:, idx])
             taken |= set(keys)
             done.add(fi)
+            done.update(getattr(priors, "factors", ()))  # a potential in the law was drawn with it
             continue
         if getattr(method, "pair_inputs", None) and f.pair_slots:
             # a joint site on inputs that read scalars in common (a and b - a): drawn together
@@ -1763,6 +1767,7 @@ def draw_jointly(graph, state, methods: dict[int, OneSite], elements: dict[str, 
                     elements[name][:, idx[0]] = x[:, 0]
             taken |= set(keys)
             done.add(fi)
+            done.update(getattr(priors, "factors", ()))
     return done
 
 
@@ -2060,11 +2065,13 @@ class ExactPriors(list):
     ``joint``, per one-instance factor of several of those latents (a hyperprior written as
     ``pm.Potential("p(a, b)", -2.5 * log(a + b))``), ``(positions, sites, log_density)``:
     the latents it reads (positions among the inputs), its site on each, and its exact log
-    density of their values (a list of ``(G,)`` arrays), which stands in for those sites."""
+    density of their values (a list of ``(G,)`` arrays), which stands in for those sites;
+    ``factors``, those factors' indices into the graph's factors (drawn with the law)."""
 
-    def __init__(self, per_latent: Sequence, joint: Sequence = ()):
+    def __init__(self, per_latent: Sequence, joint: Sequence = (), factors: Sequence[int] = ()):
         super().__init__(per_latent)
         self.joint = tuple(joint)
+        self.factors = tuple(factors)
 
 
 def _exact_priors(graph, state, f: BlackBoxFactor, joint: bool = False) -> ExactPriors | None:
@@ -2097,8 +2104,8 @@ def _exact_priors(graph, state, f: BlackBoxFactor, joint: bool = False) -> Exact
                 found = (np.asarray(state.sites[gi][0][j], dtype=float), log_density)
                 break
         out.append(found)
-    terms = _joint_priors(graph, state, f)[1] if joint else ()
-    return ExactPriors(out, terms) if terms or any(p is not None for p in out) else None
+    found, terms = _joint_priors(graph, state, f) if joint else ((), ())
+    return ExactPriors(out, terms, found) if terms or any(p is not None for p in out) else None
 
 
 def _element_of(s) -> tuple[str, int] | None:
@@ -2110,15 +2117,18 @@ def _element_of(s) -> tuple[str, int] | None:
 
 
 def _joint_priors(graph, state, f: BlackBoxFactor) -> tuple[list[int], list[tuple]]:
-    """The one-instance black-box likelihoods other than ``f`` whose latent inputs are all
-    elements that ``f``'s latent inputs read (the rat tumours' hyperprior ``pm.Potential(
-    "p(a, b)", -2.5 * log(a + b))`` beside ``theta ~ Beta(a, b)``): their indices into
-    ``graph.factors``, and per factor ``(positions, sites, log_density)`` as
-    :class:`ExactPriors` holds them.
+    """The black-box likelihoods other than ``f`` whose latent inputs are all elements that
+    ``f``'s latent inputs read, in every instance the same (the rat tumours' hyperprior
+    ``pm.Potential("p(a, b)", -2.5 * log(a + b))`` beside ``theta ~ Beta(a, b)``; a second
+    likelihood of a Gamma's shape and rate): their indices into ``graph.factors``, and per
+    factor ``(positions, sites, log_density)`` as :class:`ExactPriors` holds them, the sites
+    summed over its instances and the density over its observations.
 
     Such a factor's site on each latent is a separate Gamma or Gaussian, so a law that takes
     it from the cavity drops the correlation it puts between them (the rat tumours' ``a`` and
-    ``b``: 0.05 in the draws where NUTS has 0.86); its exact density keeps it."""
+    ``b``: 0.05 in the draws where NUTS has 0.86; beside a second Gamma likelihood written as
+    ``pm.Potential("lik", pm.logp(pm.Gamma.dist(a, b), y2).sum())``, sds 0.72 of the exact
+    law's); its exact density keeps it. At most ``_MAX_JOINT_INSTANCES`` observations."""
     places = {}
     for k, i in enumerate(f.latent_inputs):
         e = _element_of(f.inputs[i])
@@ -2126,25 +2136,38 @@ def _joint_priors(graph, state, f: BlackBoxFactor) -> tuple[list[int], list[tupl
             places.setdefault(e, k)
     found, terms = [], []
     for gi, g in enumerate(graph.factors):
-        if (g is f or g.kind != "likelihood" or g.size != 1 or g.logp is None or g.analytic is not None
-                or not g.latent_inputs):
+        # one observed value per instance, weighed by the model's own density (not a
+        # simulator's kernel, nor a multivariate observation, whose logp reads more)
+        if (g is f or g.kind != "likelihood" or g.size > _MAX_JOINT_INSTANCES or g.logp is None
+                or g.analytic is not None or g.density_source != "pymc" or not g.latent_inputs
+                or np.size(g.observed) != g.size):
             continue
         reads = [_element_of(g.inputs[i]) for i in g.latent_inputs]
         if any(e not in places for e in reads):
             continue
-        positions = [places[e] for e in reads]
-        sites = [np.asarray(state.sites[gi][j][0], dtype=float) for j in range(len(reads))]
-        data = {i: np.asarray(s.values, dtype=float).reshape(1) for i, s in enumerate(g.inputs)
+        data = {i: np.asarray(s.values, dtype=float).reshape(-1) for i, s in enumerate(g.inputs)
                 if isinstance(s, DataSlot)}
-        y = np.asarray(g.observed, dtype=float).reshape(1, -1)[:, :1]
+        if any(v.size != g.size for v in data.values()):
+            continue
+        positions = [places[e] for e in reads]
+        sites = [np.asarray(state.sites[gi][j], dtype=float).reshape(g.size, -1).sum(axis=0)
+                 for j in range(len(reads))]
+        y = np.asarray(g.observed, dtype=float).reshape(1, g.size)
 
         def log_density(xs, _g=g, _data=data, _y=y):
-            G = np.shape(xs[0])[0]
-            it = iter(xs)
-            ins = tuple(np.full((G, 1), _data[i][0]) if i in _data else np.asarray(next(it), dtype=float).reshape(G, 1)
-                        for i in range(len(_g.inputs)))
-            with np.errstate(all="ignore"):
-                out = np.asarray(_g.logp(np.broadcast_to(_y, (G, 1)), ins), dtype=float).reshape(G)
+            G, size = np.shape(xs[0])[0], _y.shape[1]
+            out = np.empty(G)
+            step = max(1, _CHUNK // size)
+            for lo in range(0, G, step):
+                rows = slice(lo, min(G, lo + step))
+                width = rows.stop - rows.start
+                it = iter(xs)
+                ins = tuple(np.broadcast_to(_data[i], (width, size)) if i in _data
+                            else np.broadcast_to(np.asarray(next(it), dtype=float)[rows, None], (width, size))
+                            for i in range(len(_g.inputs)))
+                with np.errstate(all="ignore"):
+                    lp = np.asarray(_g.logp(np.broadcast_to(_y, (width, size)), ins), dtype=float)
+                out[rows] = lp.reshape(width, size).sum(axis=1)
             return np.where(np.isnan(out), -np.inf, out)
 
         found.append(gi)
