@@ -88,15 +88,16 @@ class NormalMixtureMethod:
                     return params[K + 2 * k][:, None], np.zeros((B, 1))
                 return messages[i_mu].mean()[:, None], messages[i_mu].var()[:, None]
 
-            def log_lik(k, u):
+            def log_lik(k, u, rows=slice(None)):
                 """Term k's Normal density of y with its mean integrated, at scale nodes ``u``
-                (None: a constant scale), and its noise variance and ``v + noise`` there."""
-                m, v = mean_cavity(k)
-                c2 = (params[K + 2 * k + 1] ** 2)[:, None]
+                (None: a constant scale) of the batch rows ``rows``, and its noise variance and
+                ``v + noise`` there."""
+                m, v = (a[rows] for a in mean_cavity(k))
+                c2 = (params[K + 2 * k + 1] ** 2)[rows, None]
                 # sigma = c s or c s^-1/2, c the scale parameter with s at 1 (reference)
                 noise = c2 if u is None else c2 * (np.exp(2 * u) if spec.scale_link[k] == "scale" else np.exp(-u))
                 total = v + noise
-                return -0.5 * np.log(2 * np.pi * total) - 0.5 * (y[:, None] - m) ** 2 / total, noise, total
+                return -0.5 * np.log(2 * np.pi * total) - 0.5 * (y[rows, None] - m) ** 2 / total, noise, total
 
             # scale nodes, one set per latent scale input, in log s, zoomed onto the terms'
             # tilted law as in pmkjit.ep.normal_scale (a two-component mixture with BUGS's
@@ -106,8 +107,8 @@ class NormalMixtureMethod:
             for i in {i for i in spec.scale_input if i is not None}:
                 q = messages[i]
                 terms = [k for k in range(K) if spec.scale_input[k] == i]
-                u, zoomed = tilted_nodes(q, lambda u: special.logsumexp(
-                    [log_w[k][:, None] + q.logpdf_unconstrained(u) + log_lik(k, u)[0] for k in terms], axis=0))
+                u, zoomed, _ = tilted_nodes(q, lambda u, r: special.logsumexp(
+                    [log_w[k][r, None] + q[r].logpdf_unconstrained(u) + log_lik(k, u, r)[0] for k in terms], axis=0))
                 log_q = q.logpdf_unconstrained(u)
                 # the cavity normalised on its nodes; on a zoomed window, whose outside holds
                 # mass, as the density times the node spacing (the trapezoid rule)
